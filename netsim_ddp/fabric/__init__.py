@@ -1,0 +1,12 @@
+"""The emulated network: the only package that talks to the kernel (through pyroute2)."""
+
+from .capabilities import Capabilities, probe_capabilities
+from .core import Fabric, FabricError, LinkCounters, Node
+from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
+from .privilege import PrivilegeError, ensure_network_privilege
+
+__all__ = [
+    "Capabilities", "Fabric", "FabricError", "FabricPlan", "LinkCounters", "Node", "NodePlan",
+    "PrivilegeError", "QdiscPlan", "ensure_network_privilege", "plan_fabric",
+    "probe_capabilities",
+]

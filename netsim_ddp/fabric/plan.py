@@ -1,0 +1,134 @@
+"""The fabric as pure data: what namespaces, links, addresses and qdiscs a scenario needs.
+
+Computed before anything touches the kernel, so it can be unit-tested without root and shown to
+people (`netsim-ddp plan`). `apply` realises it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass, field
+
+from ..scenario import ETHERNET_HEADER, EffectiveLink, Scenario
+from . import naming
+
+# tbf refills tokens from a timer; the burst must cover a tick's worth of bytes at the rate or
+# the rate is never reached (the classic bug). CONFIG_HZ is 250 on this project's machines; a
+# lower HZ kernel only needs less, since tbf's watchdog uses high-resolution timers.
+TIMER_HZ = 250
+NETEM_DEFAULT_LIMIT = 1000  # packets
+
+
+@dataclass(frozen=True)
+class QdiscPlan:
+    """One qdisc: kind, where it hangs, and pyroute2 `tc()` keyword arguments."""
+
+    kind: str
+    handle: int
+    parent: int | None  # None: the root qdisc
+    params: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    index: int
+    name: str
+    netns: str
+    address: str
+    prefixlen: int
+    switch_port: str
+    link: EffectiveLink
+    egress: tuple[QdiscPlan, ...]  # on the node's eth0: what the node sends
+    ingress: tuple[QdiscPlan, ...]  # on the switch port: what the node receives
+
+
+@dataclass(frozen=True)
+class FabricPlan:
+    run_id: str
+    scenario: str
+    switch_netns: str
+    bridge: str
+    subnet: ipaddress.IPv4Network
+    mtu: int
+    nodes: tuple[NodePlan, ...]
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.switch_netns] + [node.netns for node in self.nodes]
+
+    @property
+    def needs_netem(self) -> bool:
+        return any(node.link.needs_netem for node in self.nodes)
+
+
+def tbf_burst(rate_bps: float, mtu: int) -> int:
+    """Bucket size for tbf: one timer tick of data at the rate, plus a frame."""
+    frame = mtu + ETHERNET_HEADER
+    return max(math.ceil(rate_bps / 8 / TIMER_HZ) + frame, 2 * frame)
+
+
+def tbf(link: EffectiveLink, handle: int, parent: int | None) -> QdiscPlan:
+    return QdiscPlan("tbf", handle, parent, {
+        "rate": f"{int(link.rate)}bit",
+        "burst": tbf_burst(link.rate, link.mtu),
+        "limit": link.queue_limit_bytes,
+    })
+
+
+def netem(link: EffectiveLink, handle: int) -> QdiscPlan:
+    """Delay, jitter and loss. Its queue must hold rate x delay (x2 with jitter), or netem's
+    default 1000 packets throttles the link once delay is added."""
+    frame = link.mtu + ETHERNET_HEADER
+    in_flight = link.rate / 8 * (link.delay + 2 * link.jitter) / frame
+    limit = max(NETEM_DEFAULT_LIMIT, math.ceil(2 * in_flight) + link.queue_limit_bytes // frame)
+    return QdiscPlan("netem", handle, None, {
+        "delay": round(link.delay * 1e6),  # microseconds
+        "jitter": round(link.jitter * 1e6),
+        "loss": link.loss,
+        "limit": limit,
+    })
+
+
+def egress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
+    """A node's own egress: netem (if any delay, jitter or loss) with tbf beneath it.
+
+    Delay, jitter and loss are applied once, where the node sends, so a round trip between
+    two nodes carries both their delays: 2 x the one-way delay when links are alike.
+    """
+    if not link.needs_netem:
+        return (tbf(link, 0x10000, None),)
+    return (netem(link, 0x10000), tbf(link, 0x100000, 0x10001))
+
+
+def ingress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
+    """The switch port's egress toward the node: the rate cap of what the node receives."""
+    return (tbf(link, 0x10000, None),)
+
+
+def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network) -> FabricPlan:
+    names = scenario.topology.node_names
+    hosts = subnet.hosts()
+    nodes = []
+    for index, name in enumerate(names):
+        link = scenario.link_for(index)
+        nodes.append(NodePlan(
+            index=index,
+            name=name,
+            netns=naming.netns_name(run_id, name),
+            address=str(next(hosts)),
+            prefixlen=subnet.prefixlen,
+            switch_port=naming.switch_port(name),
+            link=link,
+            egress=egress_qdiscs(link),
+            ingress=ingress_qdiscs(link),
+        ))
+    return FabricPlan(
+        run_id=run_id,
+        scenario=scenario.name,
+        switch_netns=naming.netns_name(run_id, naming.SWITCH_ROLE),
+        bridge=naming.BRIDGE,
+        subnet=subnet,
+        mtu=scenario.link.mtu,
+        nodes=tuple(nodes),
+    )

@@ -1,0 +1,311 @@
+"""Scenario files: a typed, validated model of one emulated cluster network, loaded from TOML.
+
+Validation is pydantic's; the parsers for the units people write live in `units`. Every error
+becomes a `ScenarioError` that names the file, the field and the reason, raised before anything
+is created in the kernel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from . import units
+
+# tbf carries the rate in a 32-bit field of bytes per second.
+MAX_RATE_BPS = (2**32 - 1) * 8
+# A node's switch port is named "nsd-<node>" and Linux interface names hold 15 characters.
+IFNAMSIZ = 15
+SWITCH_PORT_PREFIX = "nsd-"
+MAX_NODE_NAME = IFNAMSIZ - len(SWITCH_PORT_PREFIX)
+DEFAULT_QUEUE_PACKETS = 1000  # the kernel's default txqueuelen
+ETHERNET_HEADER = 14  # bytes tc counts on top of the IP packet
+
+
+def _unit(parser, forms: str, example: str):
+    """An annotated type: a unit string parsed to a number, shown as a string in the schema."""
+    return (
+        BeforeValidator(parser),
+        WithJsonSchema({"type": ["string", "number"], "description": f"e.g. {forms}",
+                        "examples": [example]}),
+    )
+
+
+Rate = Annotated[float, *_unit(units.parse_rate, units.RATE_FORMS, "1gbit"),
+                 Field(gt=0, le=MAX_RATE_BPS)]
+Duration = Annotated[float, *_unit(units.parse_duration, units.DURATION_FORMS, "100us"), Field(ge=0)]
+Percent = Annotated[float, *_unit(units.parse_percent, units.PERCENT_FORMS, "0.1%"),
+                    Field(ge=0, le=100)]
+QueueLimit = Annotated[
+    int | str,
+    WithJsonSchema({"type": ["integer", "string"],
+                    "description": "packets as an integer (1000) or bytes with a unit ('2MiB')"}),
+]
+
+
+def queue_limit_bytes(limit: int | str | None, frame_bytes: int) -> int:
+    """Bytes a queue holds: packets x frame size, or the size given."""
+    if limit is None:
+        return DEFAULT_QUEUE_PACKETS * frame_bytes
+    if isinstance(limit, int):
+        return limit * frame_bytes
+    return units.parse_size(limit)
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be used: names the file, the field and the reason."""
+
+    def __init__(self, path: str | Path | None, field: str, reason: str):
+        self.path = str(path) if path is not None else "<scenario>"
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{self.path}: {field}: {reason}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkShape(_Strict):
+    """What a link does to traffic. Every field may be overridden per node."""
+
+    rate: Rate | None = Field(None, description="Line rate of the node's NIC, both directions.")
+    delay: Duration | None = Field(None, description="One-way delay added on each direction.")
+    jitter: Duration | None = Field(None, description="Random variation of the delay (+-).")
+    loss: Percent | None = Field(None, description="Probability that a packet is dropped.")
+    queue_limit: QueueLimit | None = Field(
+        None, description="Queue in front of the link: packets (int) or bytes ('2MiB')."
+    )
+
+    @field_validator("queue_limit")
+    @classmethod
+    def _queue_limit_positive(cls, value: int | str | None) -> int | str | None:
+        if value is None:
+            return value
+        if isinstance(value, bool):
+            raise ValueError("write a number of packets (1000) or bytes with a unit ('2MiB')")
+        amount = value if isinstance(value, int) else units.parse_size(value)
+        if amount <= 0:
+            raise ValueError("must be positive")
+        return value
+
+
+class LinkOverride(LinkShape):
+    """A different link for one node, e.g. one slow node in an otherwise uniform cluster."""
+
+    node: str | int = Field(description="Node name or index (0-based).")
+
+
+class LinkConfig(LinkShape):
+    """The link every node has, unless an override says otherwise."""
+
+    rate: Rate = Field(description="Line rate of each node's NIC, both directions, e.g. '1gbit'.")
+    delay: Duration = 0.0
+    jitter: Duration = 0.0
+    loss: Percent = 0.0
+    mtu: int = Field(1500, ge=68, le=65535, description="MTU of every NIC and the switch.")
+    override: list[LinkOverride] = Field(default_factory=list)
+
+
+class EffectiveLink(_Strict):
+    """A node's link once overrides are applied: every field set."""
+
+    rate: float
+    delay: float
+    jitter: float
+    loss: float
+    queue_limit_bytes: int
+    mtu: int
+
+    @property
+    def needs_netem(self) -> bool:
+        return self.delay > 0 or self.jitter > 0 or self.loss > 0
+
+
+class Topology(_Strict):
+    nodes: int = Field(ge=1, description="Emulated hosts, one network namespace each.")
+    ranks_per_node: int = Field(1, ge=1, description="DDP ranks sharing each node's NIC.")
+    names: list[str] | None = Field(
+        None, description=f"Node names (default n0, n1, ...), at most {MAX_NODE_NAME} characters."
+    )
+    subnet: ipaddress.IPv4Network | None = Field(
+        None, description="IPv4 subnet of the nodes; default: a free /24 chosen per run."
+    )
+
+    @field_validator("names")
+    @classmethod
+    def _valid_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return names
+        for name in names:
+            if len(name) > MAX_NODE_NAME:
+                raise ValueError(
+                    f"node name {name!r} is {len(name)} characters; interface names allow "
+                    f"{IFNAMSIZ} and the switch port adds {SWITCH_PORT_PREFIX!r}, so use at most "
+                    f"{MAX_NODE_NAME}"
+                )
+            if not name or not (name[0].isalpha() and name.isascii()
+                                and all(c.isalnum() or c in "_-" for c in name)):
+                raise ValueError(f"node name {name!r}: use letters, digits, '-' and '_', "
+                                 "starting with a letter")
+        if "sw" in names:
+            raise ValueError("node name 'sw' is taken by the switch; choose another")
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        return names
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        if self.names is not None and len(self.names) != self.nodes:
+            raise ValueError(f"names lists {len(self.names)} nodes but nodes = {self.nodes}")
+        capacity = (self.subnet.num_addresses - 2) if self.subnet is not None else 254
+        if self.nodes > capacity:
+            where = f"subnet {self.subnet}" if self.subnet else "the default /24 subnet"
+            raise ValueError(f"{self.nodes} nodes do not fit in {where}, which holds {capacity}; "
+                             "set topology.subnet to a larger one")
+        return self
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self.names) if self.names else [f"n{i}" for i in range(self.nodes)]
+
+
+class FidelityConfig(_Strict):
+    """The throughput probe that checks the host, not the link, is not the bottleneck."""
+
+    enabled: bool = True
+    min_fraction: float = Field(
+        0.9, gt=0, le=1,
+        description="Least achieved/expected goodput for a run to be trusted.",
+    )
+    probe_duration: Duration = Field(1.0, description="How long the throughput probe runs.")
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    topology: Topology
+    link: LinkConfig
+    fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
+
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @model_validator(mode="after")
+    def _overrides_and_links(self) -> Scenario:
+        names = self.topology.node_names
+        seen: set[int] = set()
+        for i, override in enumerate(self.link.override):
+            where = f"link.override.{i}.node"
+            index = _node_index(override.node, names, where)
+            if index in seen:
+                raise ValueError(f"{where}: node {names[index]!r} is overridden twice")
+            seen.add(index)
+        for index, name in enumerate(names):
+            link = self.link_for(index)
+            if link.jitter > 0 and link.delay == 0:
+                raise ValueError(f"link.jitter: node {name!r} has jitter without a delay; "
+                                 "set link.delay (jitter varies the delay around it)")
+        return self
+
+    def link_for(self, node: int | str) -> EffectiveLink:
+        """The link of one node (index or name), overrides applied."""
+        names = self.topology.node_names
+        index = _node_index(node, names, "node")
+        merged = self.link.model_dump(exclude={"override", "queue_limit"})
+        merged["queue_limit"] = self.link.queue_limit
+        for override in self.link.override:
+            if _node_index(override.node, names, "override") == index:
+                merged.update(override.model_dump(exclude={"node"}, exclude_none=True))
+        frame = merged["mtu"] + ETHERNET_HEADER
+        return EffectiveLink(
+            rate=merged["rate"], delay=merged["delay"], jitter=merged["jitter"],
+            loss=merged["loss"], mtu=merged["mtu"],
+            queue_limit_bytes=queue_limit_bytes(merged.pop("queue_limit"), frame),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Scenario:
+        """Read and validate a TOML scenario file; raise ScenarioError naming what is wrong."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ScenarioError(path, "(file)", "no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScenarioError(path, "(file)", f"cannot read: {exc}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(path, "(toml)", f"not valid TOML: {exc}") from None
+        data.setdefault("name", path.stem)
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: str | Path | None = None) -> Scenario:
+        try:
+            scenario = cls.model_validate(data)
+        except ValidationError as exc:
+            raise _scenario_error(exc, path) from None
+        scenario._path = Path(path) if path is not None else None
+        return scenario
+
+    @classmethod
+    def json_schema(cls) -> str:
+        schema = cls.model_json_schema()
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["title"] = "netsim-ddp scenario"
+        return json.dumps(schema, indent=2)
+
+
+def _node_index(node: int | str, names: list[str], where: str) -> int:
+    if isinstance(node, int):
+        if 0 <= node < len(names):
+            return node
+        raise ValueError(f"{where}: node index {node} out of range 0..{len(names) - 1}")
+    if node in names:
+        return names.index(node)
+    raise ValueError(f"{where}: no node named {node!r}; nodes are {', '.join(names)}")
+
+
+_LOCATED = re.compile(r"^(?P<field>[a-z_]+(?:\.[\w]+)+): (?P<reason>.*)$", re.DOTALL)
+
+
+def _scenario_error(exc: ValidationError, path: str | Path | None) -> ScenarioError:
+    """The first validation error as a ScenarioError; the rest are appended one per line."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"])
+        reason = error["msg"].removeprefix("Value error, ")
+        # Cross-field checks name their own field at the start of the message.
+        located = _LOCATED.match(reason)
+        if located:
+            field = ".".join(filter(None, [field, located["field"]]))
+            reason = located["reason"]
+        if error["type"] == "extra_forbidden":
+            reason = "unknown key (check its spelling against `netsim-ddp schema`)"
+        elif error["type"] == "missing":
+            reason = "required but missing"
+        lines.append((field or "(scenario)", reason))
+    field, reason = lines[0]
+    more = "".join(f"\n{path}: {f}: {r}" for f, r in lines[1:])
+    return ScenarioError(path, field, reason + more)
