@@ -6,7 +6,6 @@ feature is probed by creating the object for real, once per process.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import os
@@ -77,12 +76,12 @@ def _probe_kernel(ipr: IPRoute, mode: str) -> Capabilities:
     ifb = _try(lambda: ipr.link("add", ifname="nsd-pifb", kind="ifb"))
     index = ipr.link_lookup(ifname="nsd-pa")[0] if veth else ipr.link_lookup(ifname="lo")[0]
 
+    handles = iter(range(0x10000, 0x100000, 0x10000))
+
     def qdisc(kind: str, **params) -> bool:
-        ok = _try(lambda: ipr.tc("add", kind, index=index, handle=0x10000, **params))
-        if ok:
-            with contextlib.suppress(NetlinkError):
-                ipr.tc("del", kind, index=index, handle=0x10000)
-        return ok
+        # "replace" with a fresh handle swaps whatever root qdisc the previous probe left
+        # (with the same handle the kernel would try to change it in place, across kinds).
+        return _try(lambda: ipr.tc("replace", kind, index=index, handle=next(handles), **params))
 
     return Capabilities(
         privilege=mode,

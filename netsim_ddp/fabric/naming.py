@@ -30,6 +30,10 @@ def set_lock_dir(path: Path) -> None:
     _lock_dir = Path(path)
 
 
+def lock_dir() -> Path:
+    return _lock_dir
+
+
 def new_run_id() -> str:
     return secrets.token_hex(3)
 

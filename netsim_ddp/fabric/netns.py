@@ -26,15 +26,19 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 # Where named namespaces live; a rootless run points this at a private directory.
 _netns_dir = Path("/run/netns")
+_dir_ready = False  # made a shared mount point yet?
 
 
 def netns_dir() -> Path:
     return _netns_dir
 
 
-def set_netns_dir(path: Path) -> None:
-    global _netns_dir
+def set_netns_dir(path: Path, private: bool = False) -> None:
+    """Name namespaces under `path`. A private directory (a rootless run's own mount
+    namespace) needs no shared mount point, and could not be removed at exit with one."""
+    global _netns_dir, _dir_ready
     _netns_dir = Path(path)
+    _dir_ready = private
 
 
 def path_of(name: str) -> Path:
@@ -65,9 +69,6 @@ def _ensure_dir_shared() -> None:
            "bind mount of the namespace directory", str(_netns_dir))
     _check(_libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None),
            "shared mount of the namespace directory", str(_netns_dir))
-
-
-_dir_ready = False
 
 
 def create(name: str) -> None:

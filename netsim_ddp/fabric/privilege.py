@@ -23,6 +23,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
+PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _mode: str | None = None
@@ -65,6 +66,9 @@ def _enter_user_namespace() -> None:
             "run as root, or allow them (sysctl user.max_user_namespaces > 0, "
             "kernel.unprivileged_userns_clone = 1, or the AppArmor userns restriction off)"
         )
+    # A process that changed its uids (su, setpriv) is not dumpable, which makes its own
+    # /proc/self files root's; being dumpable again lets it write its id maps.
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     Path("/proc/self/setgroups").write_text("deny")
     Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
     Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
@@ -75,5 +79,5 @@ def _enter_user_namespace() -> None:
     atexit.register(shutil.rmtree, private, ignore_errors=True)
     (private / "netns").mkdir()
     (private / "locks").mkdir()
-    netns.set_netns_dir(private / "netns")
+    netns.set_netns_dir(private / "netns", private=True)
     naming.set_lock_dir(private / "locks")

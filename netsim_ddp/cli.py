@@ -1,0 +1,193 @@
+"""`netsim-ddp`: the command line. Exit codes: 0 ok, 1 a check failed, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .scenario import Scenario, ScenarioError
+from .units import format_duration, format_rate, format_size
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
+    scenarios = []
+    for path in paths:
+        try:
+            scenarios.append(Scenario.load(path))
+        except ScenarioError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+    return scenarios
+
+
+def _write_json(target: str | None, document: dict) -> None:
+    if target is None:
+        return
+    text = json.dumps(document, indent=2)
+    if target == "-":
+        click.echo(text)
+    else:
+        Path(target).write_text(text + "\n")
+        err.print(f"wrote {target}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="netsim-ddp")
+def main() -> None:
+    """Emulate a cluster network on this host and test DDP training on it."""
+
+
+@main.command()
+@click.option("--json", "json_out", metavar="OUT", help="Also write the result as JSON ('-': stdout).")
+def check(json_out: str | None) -> None:
+    """Print what this host can emulate; exit 1 if it can build nothing."""
+    from .fabric.capabilities import probe_capabilities, torch_status
+
+    caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
+    torch_info = torch_status()
+    table = Table(title="netsim-ddp check", show_header=True)
+    table.add_column("capability")
+    table.add_column("status")
+    table.add_column("used for")
+    rows = [
+        ("privilege", caps.privilege, "root, or rootless through a user namespace"),
+        ("network namespaces", caps.namespaces, "one per emulated node"),
+        ("veth", caps.veth, "node NICs"),
+        ("bridge", caps.bridge, "the switch"),
+        ("tbf qdisc", caps.tbf, "rate limits"),
+        ("htb qdisc", caps.htb, "(optional) class-based shaping"),
+        ("netem qdisc", caps.netem, "delay, jitter, loss"),
+        ("ifb", caps.ifb, "(optional) ingress shaping"),
+        ("clsact", caps.clsact, "(optional) classifiers"),
+        ("torch", torch_info["torch"] or False, "DDP workloads"),
+        ("gloo", torch_info["gloo"], "CPU collectives"),
+        ("nccl + GPUs", torch_info["nccl"], f"GPU collectives ({torch_info['cuda_devices']} GPUs)"),
+    ]
+    for name, status, use in rows:
+        shown = {True: "[green]yes[/]", False: "[red]no[/]"}.get(status, str(status))
+        table.add_row(name, shown, use)
+    out.print(table)
+    if caps.error:
+        err.print(f"[red]{caps.error}[/]")
+    if not caps.netem and caps.can_build:
+        out.print("netem is missing: scenarios with delay, jitter or loss cannot run here.")
+    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info})
+    sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+def validate(files: tuple[str, ...]) -> None:
+    """Check scenario files without building anything; exit 2 on the first bad one."""
+    for scenario in _load_all(files):
+        link = scenario.link
+        out.print(f"ok: {scenario.path} ({scenario.name}: {scenario.topology.nodes} nodes x "
+                  f"{scenario.topology.ranks_per_node} ranks at {format_rate(link.rate)})")
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files (for editors)."""
+    click.echo(Scenario.json_schema())
+
+
+@main.command()
+@click.argument("file")
+def plan(file: str) -> None:
+    """Show the network a scenario builds, without building it."""
+    import ipaddress
+
+    from .fabric.plan import plan_fabric
+
+    (scenario,) = _load_all((file,))
+    subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
+    fabric_plan = plan_fabric(scenario, "000000", subnet)
+    table = Table(title=f"{scenario.name}: switch {fabric_plan.bridge}, MTU {fabric_plan.mtu}"
+                  + ("" if scenario.topology.subnet else " (subnet drawn per run)"))
+    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs"):
+        table.add_column(column)
+    for node in fabric_plan.nodes:
+        link = node.link
+        table.add_row(node.name, node.address, format_rate(link.rate),
+                      format_duration(link.delay), format_duration(link.jitter), f"{link.loss:g}%",
+                      format_size(link.queue_limit_bytes),
+                      " > ".join(q.kind for q in node.egress))
+    out.print(table)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--seconds", type=float, default=None, help="Probe length (default: the scenario's).")
+@click.option("--json", "json_out", metavar="OUT", help="Also write the result as JSON ('-': stdout).")
+def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
+    """Build each scenario's network and check that this host can drive its links."""
+    from .fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
+    from .fabric.fidelity import check_fidelity
+
+    scenarios = _load_all(files)
+    try:
+        ensure_network_privilege()
+    except PrivilegeError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    results, all_trusted = [], True
+    table = Table(title="fidelity: achieved / expected TCP goodput")
+    for column in ("scenario", "path", "cap", "expected", "achieved", "fraction", "verdict"):
+        table.add_column(column)
+    for scenario in scenarios:
+        try:
+            with err.status(f"{scenario.name}: building the network and probing its links"):
+                with Fabric(scenario) as fabric:
+                    report = check_fidelity(fabric, seconds)
+        except FabricError as exc:
+            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+        all_trusted &= report.trusted
+        for sample in report.samples:
+            ok = sample.fraction >= report.min_fraction
+            table.add_row(scenario.name, f"{sample.source} -> {sample.destination}",
+                          format_rate(sample.cap_bps), format_rate(sample.expected_bps),
+                          format_rate(sample.goodput_bps), f"{sample.fraction:.1%}",
+                          "[green]trusted[/]" if ok else "[red]untrusted[/]")
+        results.append({"name": scenario.name, "file": str(scenario.path),
+                        "fidelity": report.as_dict()})
+        if not report.trusted:
+            err.print(f"{scenario.name}: {report.reason}")
+    out.print(table)
+    _write_json(json_out, {"scenarios": results})
+    sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+def clean(dry_run: bool) -> None:
+    """Remove namespaces left by killed runs (live runs are left alone)."""
+    from .fabric.sweep import sweep_stale
+
+    report = sweep_stale(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for name in report.removed:
+        out.print(f"{verb} namespace {name}")
+    for run_id, pid in report.live_runs.items():
+        out.print(f"left run {run_id} alone: it is live (pid {pid})")
+    if report.killed_processes:
+        out.print(f"killed {report.killed_processes} leftover processes")
+    if not report.removed:
+        out.print("nothing to clean")
+
+
+if __name__ == "__main__":
+    main()
