@@ -35,6 +35,11 @@ def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
     return scenarios
 
 
+def _human(json_out: str | None) -> Console:
+    """Where tables go: stderr when stdout carries the JSON, so `--json -` stays parseable."""
+    return err if json_out == "-" else out
+
+
 def _write_json(target: str | None, document: dict) -> None:
     if target is None:
         return
@@ -81,11 +86,11 @@ def check(json_out: str | None) -> None:
     for name, status, use in rows:
         shown = {True: "[green]yes[/]", False: "[red]no[/]"}.get(status, str(status))
         table.add_row(name, shown, use)
-    out.print(table)
+    _human(json_out).print(table)
     if caps.error:
         err.print(f"[red]{caps.error}[/]")
     if not caps.netem and caps.can_build:
-        out.print("netem is missing: scenarios with delay, jitter or loss cannot run here.")
+        _human(json_out).print("netem is missing: scenarios with delay, jitter or loss cannot run here.")
     _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info})
     sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
 
@@ -166,7 +171,7 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
                         "fidelity": report.as_dict()})
         if not report.trusted:
             err.print(f"{scenario.name}: {report.reason}")
-    out.print(table)
+    _human(json_out).print(table)
     _write_json(json_out, {"scenarios": results})
     sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)
 
