@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from ..scenario import Scenario
 from . import naming, netns, privilege
@@ -40,7 +41,7 @@ class FabricError(RuntimeError):
 
 @dataclass(frozen=True)
 class LinkCounters:
-    """Bytes and packets on a node's link, from the switch port's counters."""
+    """Bytes and packets on a node's link (wire packets, headers included, as tc counts)."""
 
     sent_bytes: int  # by the node, onto the wire
     received_bytes: int  # by the node, off the wire
@@ -194,22 +195,30 @@ class Fabric:
         raise KeyError(f"no node named {name_or_index!r}")
 
     def counters(self) -> dict[str, LinkCounters]:
-        """Per node, what crossed its link so far (read from the switch side)."""
+        """Per node, what crossed its link so far, from the root qdiscs that shape it.
+
+        Qdisc counters are the wire's: a TSO/GSO super-packet counts as the segments it
+        becomes, each with its headers (interface counters would count one set of headers).
+        """
         plan = self._require_plan()
         switch = self._iproutes[plan.switch_netns]
-        by_port = {}
-        for link in switch.get_links():
-            stats = link.get_attr("IFLA_STATS64")
-            by_port[link.get_attr("IFLA_IFNAME")] = stats
+        received = {msg["index"]: _qdisc_summary(msg)
+                    for msg in switch.get_qdiscs() if msg["parent"] == TC_H_ROOT}
         result = {}
         for node in plan.nodes:
-            stats = by_port[node.switch_port]
-            # The switch port receives what the node sends, and sends what it receives.
+            sent = self._root_qdisc(node.netns, ETH0_INDEX)
+            into = received[FIRST_PORT_INDEX + node.index]
             result[node.name] = LinkCounters(
-                sent_bytes=stats["rx_bytes"], received_bytes=stats["tx_bytes"],
-                sent_packets=stats["rx_packets"], received_packets=stats["tx_packets"],
+                sent_bytes=sent["bytes"], received_bytes=into["bytes"],
+                sent_packets=sent["packets"], received_packets=into["packets"],
             )
         return result
+
+    def _root_qdisc(self, namespace: str, index: int) -> dict[str, object]:
+        for msg in self._iproutes[namespace].get_qdiscs(index=index):
+            if msg["parent"] == TC_H_ROOT:
+                return _qdisc_summary(msg)
+        raise FabricError(f"no root qdisc on interface {index} in {namespace}")
 
     def qdiscs(self, node: str | int) -> list[dict[str, object]]:
         """The qdiscs on a node's eth0 as the kernel reports them (kind, handle, bytes sent)."""
@@ -243,8 +252,8 @@ def _apply_qdiscs(ipr: IPRoute, index: int, qdiscs: tuple[QdiscPlan, ...]) -> No
 
 
 def _qdisc_summary(msg) -> dict[str, object]:
-    basic = (msg.get_attr("TCA_STATS2") or {}).get_attr("TCA_STATS_BASIC") \
-        if msg.get_attr("TCA_STATS2") else None
+    stats = msg.get_attr("TCA_STATS2")
+    basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
     return {
         "kind": msg.get_attr("TCA_KIND"),
         "handle": msg["handle"],
