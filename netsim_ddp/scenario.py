@@ -12,13 +12,14 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PrivateAttr,
     ValidationError,
     WithJsonSchema,
@@ -38,19 +39,22 @@ DEFAULT_QUEUE_PACKETS = 1000  # the kernel's default txqueuelen
 ETHERNET_HEADER = 14  # bytes tc counts on top of the IP packet
 
 
-def _unit(parser, forms: str, example: str):
-    """An annotated type: a unit string parsed to a number, shown as a string in the schema."""
+def _unit(parser, forms: str, example: str, suffix: str):
+    """An annotated type: a unit string parsed to a number, shown as a string in the schema
+    and written back to JSON with its unit, so a dumped scenario loads again."""
     return (
         BeforeValidator(parser),
+        PlainSerializer(lambda value: f"{value!r}{suffix}", return_type=str, when_used="json"),
         WithJsonSchema({"type": ["string", "number"], "description": f"e.g. {forms}",
                         "examples": [example]}),
     )
 
 
-Rate = Annotated[float, *_unit(units.parse_rate, units.RATE_FORMS, "1gbit"),
+Rate = Annotated[float, *_unit(units.parse_rate, units.RATE_FORMS, "1gbit", "bit"),
                  Field(gt=0, le=MAX_RATE_BPS)]
-Duration = Annotated[float, *_unit(units.parse_duration, units.DURATION_FORMS, "100us"), Field(ge=0)]
-Percent = Annotated[float, *_unit(units.parse_percent, units.PERCENT_FORMS, "0.1%"),
+Duration = Annotated[float, *_unit(units.parse_duration, units.DURATION_FORMS, "100us", "s"),
+                     Field(ge=0)]
+Percent = Annotated[float, *_unit(units.parse_percent, units.PERCENT_FORMS, "0.1%", "%"),
                     Field(ge=0, le=100)]
 QueueLimit = Annotated[
     int | str,
@@ -197,11 +201,26 @@ class FidelityConfig(_Strict):
     probe_duration: Duration = Field(1.0, description="How long the throughput probe runs.")
 
 
+class BackgroundFlow(_Strict):
+    """A bulk TCP flow that switches on and off on a seeded schedule, competing with training."""
+
+    source: str | int = Field(description="Sending node (name or index).")
+    destination: str | int = Field(description="Receiving node (name or index).")
+    on: Duration = Field(0.2, gt=0, description="Mean length of an on-period.")
+    off: Duration = Field(0.3, ge=0, description="Mean length of an off-period.")
+    start: Duration = Field(0.0, description="When the first on-period starts.")
+    distribution: Literal["exponential", "fixed"] = Field(
+        "exponential", description="How on/off lengths vary around their means.")
+    rate: Rate | None = Field(None, description="Pace while on; default: as fast as TCP goes.")
+    seed: int = Field(0, description="Seeds the schedule; the same for every mode.")
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1, max_length=64)
     description: str = ""
     topology: Topology
     link: LinkConfig
+    background: list[BackgroundFlow] = Field(default_factory=list)
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
 
     _path: Path | None = PrivateAttr(None)
@@ -220,6 +239,11 @@ class Scenario(_Strict):
             if index in seen:
                 raise ValueError(f"{where}: node {names[index]!r} is overridden twice")
             seen.add(index)
+        for i, flow in enumerate(self.background):
+            ends = [_node_index(node, names, f"background.{i}.{role}")
+                    for role, node in (("source", flow.source), ("destination", flow.destination))]
+            if ends[0] == ends[1]:
+                raise ValueError(f"background.{i}.destination: a flow needs two different nodes")
         for index, name in enumerate(names):
             link = self.link_for(index)
             if link.jitter > 0 and link.delay == 0:

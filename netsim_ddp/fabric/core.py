@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -214,6 +215,21 @@ class Fabric:
             )
         return result
 
+    def wait_drained(self, timeout_s: float = 5.0) -> bool:
+        """Wait until no packet is queued on any link, so counters read afterwards are final.
+        Returns False if traffic is still queued after `timeout_s`."""
+        plan = self._require_plan()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            backlog = sum(_backlog(msg) for msg in self._iproutes[plan.switch_netns].get_qdiscs())
+            backlog += sum(_backlog(msg) for node in plan.nodes
+                           for msg in self._iproutes[node.netns].get_qdiscs(index=ETH0_INDEX))
+            if backlog == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
     def _root_qdisc(self, namespace: str, index: int) -> dict[str, object]:
         for msg in self._iproutes[namespace].get_qdiscs(index=index):
             if msg["parent"] == TC_H_ROOT:
@@ -261,6 +277,12 @@ def _qdisc_summary(msg) -> dict[str, object]:
         "bytes": basic["bytes"] if basic else None,
         "packets": basic["packets"] if basic else None,
     }
+
+
+def _backlog(msg) -> int:
+    stats = msg.get_attr("TCA_STATS2")
+    queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
+    return queue["qlen"] if queue else 0
 
 
 def _disable_ipv6() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from pyroute2 import IPRoute
@@ -246,3 +247,25 @@ def test_rootless_through_a_user_namespace(tmp_path):
     assert len(info["inside"]) == 3 and info["after"] == []
     assert not info["dir"].startswith("/run/")  # private names, invisible to the host
     assert info["can_build"]
+
+
+def test_background_flow_bytes_are_accounted_exactly():
+    from netsim_ddp.fabric.background import BackgroundTraffic
+
+    contended = Scenario.from_dict({
+        "name": "bg", "topology": {"nodes": 3}, "link": {"rate": "500mbit"},
+        "background": [{"source": "n2", "destination": "n1", "on": "100ms", "off": "50ms"}]})
+    with Fabric(contended) as fabric:
+        before = fabric.counters()
+        with BackgroundTraffic(fabric, contended.background) as traffic:
+            # Wait for real traffic, not for time: until a megabyte has crossed n2's link.
+            deadline = time.monotonic() + 30
+            while fabric.counters()["n2"].sent_bytes - before["n2"].sent_bytes < 1_000_000:
+                assert time.monotonic() < deadline, "the background flow sent nothing"
+            counters = traffic.stop()
+        assert fabric.wait_drained()
+        after = fabric.counters()
+    on_links = sum(after[n].sent_bytes - before[n].sent_bytes for n in ("n1", "n2"))
+    assert counters.sent_payload > 900_000
+    assert abs(counters.wire_bytes - on_links) <= 0.01 * on_links
+    assert after["n0"].sent_bytes == before["n0"].sent_bytes  # n0 is not part of the flow

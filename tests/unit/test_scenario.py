@@ -132,3 +132,26 @@ def test_cli_schema_is_json_schema_of_the_model():
     assert schema["additionalProperties"] is False
     link = schema["$defs"]["LinkConfig"]["properties"]
     assert "examples" in link["rate"] and "string" in link["rate"]["type"]
+
+
+def test_background_schedule_is_seeded_and_validated(tmp_path):
+    import itertools
+
+    from netsim_ddp.fabric.background import on_periods
+
+    text = GOOD + '[[background]]\nsource = "n0"\ndestination = 2\non = "200ms"\noff = "100ms"\n'
+    flow = Scenario.load(write(tmp_path, text)).background[0]
+    first = list(itertools.islice(on_periods(flow), 20))
+    assert first == list(itertools.islice(on_periods(flow), 20))  # same for every mode
+    assert all(0 <= begin < end for begin, end in first)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(first))  # off-periods in between
+    other = flow.model_copy(update={"seed": 1})
+    assert list(itertools.islice(on_periods(other), 20)) != first
+    with pytest.raises(ScenarioError, match="background.0.destination"):
+        Scenario.load(write(tmp_path, text.replace("destination = 2", 'destination = "n0"')))
+
+
+def test_scenario_round_trips_through_json(tmp_path):
+    text = GOOD + 'delay = "100us"\nloss = "0.5%"\n[[background]]\nsource = 0\ndestination = 1\n'
+    scenario = Scenario.load(write(tmp_path, text))
+    assert Scenario.model_validate_json(scenario.model_dump_json()).model_dump() == scenario.model_dump()

@@ -1,0 +1,145 @@
+"""A userspace delay line: netem's delay, jitter and loss for kernels without sch_netem.
+
+A C forwarder (compiled at first use) runs inside a namespace of its own between two
+interfaces: frames arriving on IN are held for delay +- jitter, dropped with probability
+loss, else sent on OUT. OUT -> IN is redirected in the kernel with no delay.
+
+    spec = DelayLineSpec(delay_s=0.001, jitter_s=0.0, distribution="uniform", loss_pct=0.0,
+                         seed=1, queue_bytes=queue_bytes_for(1e9, 0.001, 0.0))
+    prepare_delay_namespace(ipr_in_delay_ns, "in", "out")
+    with netns.entered(delay_ns):
+        proc = subprocess.Popen(command(spec, "in", "out"), stdout=subprocess.PIPE, text=True)
+    wait_ready(proc)
+    ...
+    proc.terminate(); stats = parse_stats(proc.communicate()[0])
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import time
+from dataclasses import dataclass
+
+from .build import DelayLineBuildError, build_binary
+from .kernel import prepare_delay_namespace, redirect_reverse_path
+
+__all__ = [
+    "DISTRIBUTIONS", "DelayLineBuildError", "DelayLineError", "DelayLineSpec", "build_binary",
+    "command", "parse_stats", "prepare_delay_namespace", "queue_bytes_for",
+    "redirect_reverse_path", "wait_ready",
+]
+
+DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
+MIN_QUEUE_BYTES = 4 << 20  # a few 64 KB GSO frames even on a slow, short link
+
+
+class DelayLineError(RuntimeError):
+    """The forwarder failed to start or to report."""
+
+
+@dataclass(frozen=True)
+class DelayLineSpec:
+    """One direction of one link: what the forwarder does to each frame.
+
+    jitter is +- around delay (the per-frame delay is clamped at >= 0), drawn from
+    `distribution` as netem does; loss_pct is per wire packet; queue_bytes bounds what is held
+    (frames beyond it are dropped and counted).
+    """
+
+    delay_s: float
+    jitter_s: float = 0.0
+    distribution: str = "uniform"
+    loss_pct: float = 0.0
+    seed: int = 0
+    queue_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.delay_s < 0 or self.jitter_s < 0:
+            raise ValueError(f"delay and jitter must be >= 0, got {self.delay_s}, {self.jitter_s}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, "
+                             f"got {self.distribution!r}")
+        if not 0.0 <= self.loss_pct <= 100.0:
+            raise ValueError(f"loss_pct must be within [0, 100], got {self.loss_pct}")
+        if self.queue_bytes <= 0:
+            raise ValueError(f"queue_bytes must be > 0, got {self.queue_bytes}")
+
+
+def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
+    """A queue that holds rate x (delay + jitter) x 2, and never less than MIN_QUEUE_BYTES."""
+    return max(MIN_QUEUE_BYTES, int(rate_bps / 8 * (delay_s + jitter_s) * 2))
+
+
+def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
+            spin_us: float = 20.0, rt_priority: int = 0) -> list[str]:
+    """argv that runs the forwarder; start it inside the delay namespace.
+
+    spin_us: how long before each due time the forwarder stops sleeping and polls (precision
+    against CPU); rt_priority > 0 asks for SCHED_FIFO (root only; falls back with a warning).
+    """
+    return [
+        str(build_binary()), "--in", in_ifname, "--out", out_ifname,
+        "--delay-ns", str(round(spec.delay_s * 1e9)),
+        "--jitter-ns", str(round(spec.jitter_s * 1e9)),
+        "--dist", spec.distribution,
+        "--loss", repr(spec.loss_pct / 100.0),
+        "--seed", str(spec.seed),
+        "--queue-bytes", str(spec.queue_bytes),
+        "--spin-ns", str(round(spin_us * 1e3)),
+        "--rt-priority", str(rt_priority),
+    ]
+
+
+def _json_lines(stdout: str) -> list[dict[str, object]]:
+    lines = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return lines
+
+
+def parse_stats(stdout: str) -> dict[str, object]:
+    """The counters the forwarder printed at exit (the last `"event": "stats"` line).
+
+    Keys: received, received_bytes, forwarded, forwarded_bytes, dropped_loss,
+    dropped_queue_full, dropped_truncated, tx_errors, segmented_frames, segments_made,
+    queued_at_exit, queued_bytes_max, late_p50_us, late_p99_us, late_max_us.
+    """
+    stats = [line for line in _json_lines(stdout) if line.get("event") == "stats"]
+    if not stats:
+        raise DelayLineError(f"no stats line in the forwarder's output: {stdout[-500:]!r}")
+    result = dict(stats[-1])
+    result.pop("event")
+    return result
+
+
+def wait_ready(process: subprocess.Popen, timeout_s: float = 10.0) -> dict[str, object]:
+    """Block until the forwarder says its sockets are bound (its first stdout line).
+
+    Needs stdout=subprocess.PIPE with text=True. Raises DelayLineError if it exits first.
+    """
+    if process.stdout is None:
+        raise DelayLineError("start the forwarder with stdout=subprocess.PIPE to wait for it")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DelayLineError(f"the forwarder was not ready within {timeout_s} s")
+        readable, _, _ = select.select([process.stdout], [], [], left)
+        if not readable:
+            continue
+        line = process.stdout.readline()
+        if not line:
+            process.wait()
+            stderr = process.stderr.read() if process.stderr else ""
+            raise DelayLineError(f"the forwarder exited with {process.returncode} before it "
+                                 f"was ready: {stderr.strip()}")
+        for event in _json_lines(line):
+            if event.get("event") == "ready":
+                return event

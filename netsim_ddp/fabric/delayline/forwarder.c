@@ -1,0 +1,580 @@
+/* nsd-delayline: a userspace netem for kernels without sch_netem.
+ *
+ * Reads every frame arriving on --in (AF_PACKET, bound to that interface), holds it for
+ * delay +- jitter, drops it with probability --loss, else transmits it on --out. The reverse
+ * direction is not handled here: the Python side redirects it in the kernel (tc mirred).
+ *
+ * Why it looks like this:
+ *  - PACKET_VNET_HDR on both sockets: GSO super-packets (up to 64 KB) cross intact, so one
+ *    syscall moves ~44 MTU-1500 segments. When loss > 0 a super-packet is cut into its wire
+ *    segments here (TCP over IPv4/IPv6) so that loss applies per wire packet, as on a real link.
+ *  - Receive timestamps come from the kernel (SO_TIMESTAMPNS, taken when the frame entered the
+ *    namespace), mapped to CLOCK_MONOTONIC: a frame that waited in the socket queue while this
+ *    process was descheduled still gets its true arrival time.
+ *  - Waiting uses ppoll (hrtimer based) with the timer slack set to 1 ns, plus an optional short
+ *    busy-wait before each due time: microsecond resolution, no millisecond epoll timeout.
+ *  - recvmmsg/sendmmsg batches; a binary min-heap ordered by (due time, arrival sequence): FIFO
+ *    when the delay is constant, netem-like reordering when jitter makes due times cross.
+ *
+ * Exit: SIGTERM/SIGINT end the loop; one JSON line of counters goes to stdout. At start, one
+ * JSON line {"event": "ready", ...} goes to stdout once both sockets are bound.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <linux/if_ether.h>
+#include <linux/if_packet.h>
+#include <linux/virtio_net.h>
+#include <math.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH 64
+#define SLOT_BYTES (65536 + 1024) /* a 64 KB GSO frame + headers + vnet header */
+#define VNET_LEN ((int)sizeof(struct virtio_net_hdr))
+#define HIST_BUCKETS 200000 /* lateness histogram: 1 us buckets up to 200 ms */
+
+/* ---- options ------------------------------------------------------------------------- */
+
+enum dist { DIST_UNIFORM, DIST_NORMAL, DIST_PARETO, DIST_PARETONORMAL };
+
+struct options {
+    const char *in_if, *out_if;
+    int64_t delay_ns, jitter_ns, spin_ns;
+    double loss; /* probability 0..1 */
+    enum dist dist;
+    uint64_t seed;
+    uint64_t queue_bytes;
+    int rt_priority;
+    int segment; /* -1: when loss > 0; 0 never; 1 always */
+};
+
+static void die(const char *what) {
+    fprintf(stderr, "nsd-delayline: %s: %s\n", what, strerror(errno));
+    exit(2);
+}
+
+static void usage_error(const char *msg) {
+    fprintf(stderr, "nsd-delayline: %s\n", msg);
+    exit(64);
+}
+
+static struct options opt;
+
+static void parse_options(int argc, char **argv, struct options *o) {
+    static const struct option longs[] = {
+        {"in", required_argument, 0, 'i'},       {"out", required_argument, 0, 'o'},
+        {"delay-ns", required_argument, 0, 'd'}, {"jitter-ns", required_argument, 0, 'j'},
+        {"dist", required_argument, 0, 'D'},     {"loss", required_argument, 0, 'l'},
+        {"seed", required_argument, 0, 's'},     {"queue-bytes", required_argument, 0, 'q'},
+        {"spin-ns", required_argument, 0, 'S'},  {"rt-priority", required_argument, 0, 'r'},
+        {"segment", required_argument, 0, 'g'},  {0, 0, 0, 0}};
+    memset(o, 0, sizeof(*o));
+    o->queue_bytes = 64ull << 20;
+    o->spin_ns = 20000;
+    o->segment = -1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'i': o->in_if = optarg; break;
+        case 'o': o->out_if = optarg; break;
+        case 'd': o->delay_ns = strtoll(optarg, NULL, 10); break;
+        case 'j': o->jitter_ns = strtoll(optarg, NULL, 10); break;
+        case 'l': o->loss = strtod(optarg, NULL); break;
+        case 's': o->seed = strtoull(optarg, NULL, 10); break;
+        case 'q': o->queue_bytes = strtoull(optarg, NULL, 10); break;
+        case 'S': o->spin_ns = strtoll(optarg, NULL, 10); break;
+        case 'r': o->rt_priority = atoi(optarg); break;
+        case 'g': o->segment = atoi(optarg); break;
+        case 'D':
+            if (!strcmp(optarg, "uniform")) o->dist = DIST_UNIFORM;
+            else if (!strcmp(optarg, "normal")) o->dist = DIST_NORMAL;
+            else if (!strcmp(optarg, "pareto")) o->dist = DIST_PARETO;
+            else if (!strcmp(optarg, "paretonormal")) o->dist = DIST_PARETONORMAL;
+            else usage_error("--dist must be uniform, normal, pareto or paretonormal");
+            break;
+        default: usage_error("usage: --in IF --out IF [--delay-ns N] [--jitter-ns N] ...");
+        }
+    }
+    if (!o->in_if || !o->out_if) usage_error("--in and --out are required");
+    if (o->delay_ns < 0 || o->jitter_ns < 0) usage_error("delay and jitter must be >= 0");
+    if (o->loss < 0 || o->loss > 1) usage_error("--loss is a probability in [0, 1]");
+}
+
+/* ---- randomness (xoshiro256**, seeded by splitmix64: reproducible per seed) ------------ */
+
+static uint64_t rng_s[4];
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(uint64_t seed) {
+    for (int i = 0; i < 4; i++) rng_s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t rng_next(void) {
+    uint64_t result = rotl(rng_s[1] * 5, 7) * 9, t = rng_s[1] << 17;
+    rng_s[2] ^= rng_s[0]; rng_s[3] ^= rng_s[1]; rng_s[1] ^= rng_s[2]; rng_s[0] ^= rng_s[3];
+    rng_s[2] ^= t; rng_s[3] = rotl(rng_s[3], 45);
+    return result;
+}
+
+/* uniform in [0, 1) with 53 bits */
+static inline double rng_unit(void) { return (rng_next() >> 11) * 0x1.0p-53; }
+
+static double rng_normal(void) {
+    double u1 = 1.0 - rng_unit(), u2 = rng_unit(); /* u1 in (0, 1] */
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* iproute2's pareto.dist: (U^(-1/3) - 1.5) * 4/3 (shape 3, mean 0), capped at 4 as its table. */
+static double rng_pareto(void) {
+    double u = 1.0 - rng_unit();
+    double x = (1.0 / cbrt(u) - 1.5) * (4.0 / 3.0);
+    return x > 4.0 ? 4.0 : x;
+}
+
+/* Standardised jitter sample x; the packet's delay is delay + x * jitter, clamped at 0. */
+static double jitter_sample(enum dist d) {
+    switch (d) {
+    case DIST_UNIFORM: return 2.0 * rng_unit() - 1.0;
+    case DIST_NORMAL: return rng_normal();
+    case DIST_PARETO: return rng_pareto();
+    case DIST_PARETONORMAL: return 0.25 * rng_normal() + 0.75 * rng_pareto();
+    }
+    return 0.0;
+}
+
+/* ---- clock --------------------------------------------------------------------------- */
+
+static inline int64_t clock_ns(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* ---- the queue: a min-heap of packets by (due, seq) ---------------------------------- */
+
+struct pkt {
+    int64_t due;
+    uint64_t seq;
+    uint32_t len; /* bytes in data, vnet header included */
+    uint8_t data[];
+};
+
+static struct pkt **heap;
+static size_t heap_n, heap_cap;
+
+static inline int pkt_before(const struct pkt *a, const struct pkt *b) {
+    return a->due < b->due || (a->due == b->due && a->seq < b->seq);
+}
+
+static void heap_push(struct pkt *p) {
+    if (heap_n == heap_cap) {
+        heap_cap = heap_cap ? heap_cap * 2 : 4096;
+        heap = realloc(heap, heap_cap * sizeof(*heap));
+        if (!heap) die("realloc");
+    }
+    size_t i = heap_n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!pkt_before(p, heap[parent])) break;
+        heap[i] = heap[parent];
+        i = parent;
+    }
+    heap[i] = p;
+}
+
+static struct pkt *heap_pop(void) {
+    struct pkt *top = heap[0], *last = heap[--heap_n];
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= heap_n) break;
+        if (child + 1 < heap_n && pkt_before(heap[child + 1], heap[child])) child++;
+        if (!pkt_before(heap[child], last)) break;
+        heap[i] = heap[child];
+        i = child;
+    }
+    if (heap_n) heap[i] = last;
+    return top;
+}
+
+/* ---- counters ------------------------------------------------------------------------ */
+
+static struct {
+    uint64_t received, received_bytes, forwarded, forwarded_bytes;
+    uint64_t dropped_loss, dropped_queue_full, dropped_truncated, tx_errors;
+    uint64_t segmented_frames, segments_made, late_over_hist;
+    int64_t late_max_ns;
+    uint64_t queued_bytes, queued_bytes_max;
+} st;
+static uint32_t *late_hist;
+
+static void record_late(int64_t late_ns) {
+    if (late_ns < 0) late_ns = 0;
+    if (late_ns > st.late_max_ns) st.late_max_ns = late_ns;
+    int64_t bucket = late_ns / 1000;
+    if (bucket >= HIST_BUCKETS) st.late_over_hist++;
+    else late_hist[bucket]++;
+}
+
+/* Upper edge (us) of the bucket holding quantile q, or -1 when nothing was sent. */
+static double late_quantile_us(double q) {
+    uint64_t total = st.late_over_hist;
+    for (int i = 0; i < HIST_BUCKETS; i++) total += late_hist[i];
+    if (!total) return -1;
+    uint64_t want = (uint64_t)ceil(q * total), seen = 0;
+    if (want == 0) want = 1;
+    for (int i = 0; i < HIST_BUCKETS; i++) {
+        seen += late_hist[i];
+        if (seen >= want) return i + 1;
+    }
+    return st.late_max_ns / 1000.0;
+}
+
+/* ---- segmentation of TCP GSO frames (only when loss > 0) ------------------------------ */
+
+static uint32_t csum_add(uint32_t sum, const void *data, size_t len) {
+    const uint8_t *p = data;
+    for (; len > 1; p += 2, len -= 2) sum += (uint32_t)(p[0] << 8 | p[1]);
+    if (len) sum += (uint32_t)(p[0] << 8);
+    return sum;
+}
+
+static uint16_t csum_fold(uint32_t sum) {
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    return (uint16_t)sum;
+}
+
+static struct pkt *pkt_new(uint32_t len) {
+    struct pkt *p = malloc(sizeof(*p) + len);
+    if (!p) die("malloc");
+    p->len = len;
+    return p;
+}
+
+
+static uint64_t next_seq;
+
+static int admit(uint32_t len) {
+    if (st.queued_bytes + len > opt.queue_bytes) {
+        st.dropped_queue_full++;
+        return 0;
+    }
+    return 1;
+}
+
+static void push(struct pkt *p, int64_t due) {
+    p->due = due;
+    p->seq = next_seq++;
+    st.queued_bytes += p->len;
+    if (st.queued_bytes > st.queued_bytes_max) st.queued_bytes_max = st.queued_bytes;
+    heap_push(p);
+}
+
+static inline int lost(void) { return opt.loss > 0 && rng_unit() < opt.loss; }
+
+/* Cut a TCP GSO frame into its wire segments, rolling loss per segment. Each segment keeps
+ * checksum offload (NEEDS_CSUM with the pseudo-header sum in place), as TSO would emit it.
+ * Returns 0 when the frame is not plain TCP over IPv4/IPv6 (the caller then treats it whole). */
+static int segment_tcp(const uint8_t *buf, uint32_t len, int64_t due) {
+    const struct virtio_net_hdr *vh = (const void *)buf;
+    const uint8_t *f = buf + VNET_LEN;
+    uint32_t flen = len - VNET_LEN, l3 = ETH_HLEN, l4, mss = vh->gso_size;
+    int gso = vh->gso_type & ~VIRTIO_NET_HDR_GSO_ECN, v4;
+    if (flen < l3 + 40 || mss == 0) return 0;
+    uint16_t eth_type = (uint16_t)(f[12] << 8 | f[13]);
+    if (eth_type == ETH_P_IP && gso == VIRTIO_NET_HDR_GSO_TCPV4 && f[l3 + 9] == IPPROTO_TCP) {
+        v4 = 1;
+        l4 = l3 + (f[l3] & 0xf) * 4u;
+    } else if (eth_type == ETH_P_IPV6 && gso == VIRTIO_NET_HDR_GSO_TCPV6 && f[l3 + 6] == IPPROTO_TCP) {
+        v4 = 0;
+        l4 = l3 + 40;
+    } else {
+        return 0;
+    }
+    if (l4 + 20 > flen) return 0;
+    uint32_t doff = (f[l4 + 12] >> 4) * 4u, hdrs = l4 + doff;
+    if (hdrs > flen) return 0;
+    uint32_t payload = flen - hdrs, nseg = (payload + mss - 1) / mss, seq0, tmp;
+    memcpy(&tmp, f + l4 + 4, 4);
+    seq0 = ntohl(tmp);
+    uint16_t id0 = v4 ? (uint16_t)(f[l3 + 4] << 8 | f[l3 + 5]) : 0;
+    st.segmented_frames++;
+    for (uint32_t i = 0; i < nseg; i++) {
+        uint32_t chunk = payload - i * mss < mss ? payload - i * mss : mss;
+        uint32_t seglen = VNET_LEN + hdrs + chunk, tcplen = doff + chunk;
+        st.segments_made++;
+        if (lost()) { st.dropped_loss++; continue; }
+        if (!admit(seglen)) continue;
+        struct pkt *p = pkt_new(seglen);
+        struct virtio_net_hdr *nh = (void *)p->data;
+        memset(nh, 0, sizeof(*nh));
+        nh->flags = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+        nh->gso_type = VIRTIO_NET_HDR_GSO_NONE;
+        nh->csum_start = (uint16_t)l4;
+        nh->csum_offset = 16; /* offsetof(struct tcphdr, check) */
+        uint8_t *s = p->data + VNET_LEN;
+        memcpy(s, f, hdrs);
+        memcpy(s + hdrs, f + hdrs + i * mss, chunk);
+        uint32_t seq = htonl(seq0 + i * mss);
+        memcpy(s + l4 + 4, &seq, 4);
+        if (i > 0) s[l4 + 13] &= (uint8_t)~0x80;          /* CWR only on the first */
+        if (i + 1 < nseg) s[l4 + 13] &= (uint8_t)~0x09;   /* FIN, PSH only on the last */
+        uint32_t sum;
+        if (v4) {
+            uint32_t ihl = l4 - l3;
+            uint16_t tot = htons((uint16_t)(ihl + tcplen)), id = htons((uint16_t)(id0 + i)), ck;
+            memcpy(s + l3 + 2, &tot, 2);
+            memcpy(s + l3 + 4, &id, 2);
+            s[l3 + 10] = s[l3 + 11] = 0;
+            ck = htons((uint16_t)~csum_fold(csum_add(0, s + l3, ihl)));
+            memcpy(s + l3 + 10, &ck, 2);
+            sum = csum_add(0, s + l3 + 12, 8);
+        } else {
+            uint16_t plen = htons((uint16_t)tcplen);
+            memcpy(s + l3 + 4, &plen, 2);
+            sum = csum_add(0, s + l3 + 8, 32);
+        }
+        sum += IPPROTO_TCP + tcplen;
+        uint16_t pseudo = htons(csum_fold(sum)); /* not inverted: the offload finishes it */
+        memcpy(s + l4 + 16, &pseudo, 2);
+        push(p, due);
+    }
+    return 1;
+}
+
+static void enqueue_frame(const uint8_t *buf, uint32_t len, int64_t due) {
+    const struct virtio_net_hdr *vh = (const void *)buf;
+    int gso = vh->gso_type != VIRTIO_NET_HDR_GSO_NONE;
+    int cut = opt.segment == 1 || (opt.segment == -1 && opt.loss > 0);
+    if (gso && cut && segment_tcp(buf, len, due)) return;
+    if (lost()) { st.dropped_loss++; return; }
+    if (!admit(len)) return;
+    struct pkt *p = pkt_new(len);
+    memcpy(p->data, buf, len);
+    push(p, due);
+}
+
+/* ---- sockets ------------------------------------------------------------------------- */
+
+static int open_packet_socket(const char *ifname, int for_rx) {
+    int fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, 0), one = 1, big = 32 << 20;
+    if (fd < 0) die("socket(AF_PACKET) (needs CAP_NET_RAW in the delay namespace)");
+    if (setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof(one))) die("PACKET_VNET_HDR");
+    unsigned ifindex = if_nametoindex(ifname);
+    if (!ifindex) {
+        fprintf(stderr, "nsd-delayline: no interface %s in this namespace\n", ifname);
+        exit(2);
+    }
+    if (for_rx) {
+        /* Frames the kernel redirects out of IN (the reverse path) are not ours to delay. */
+        if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)))
+            die("PACKET_IGNORE_OUTGOING");
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+        if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one))) die("SO_TIMESTAMPNS");
+    } else if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big))) {
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+    }
+    /* Protocol 0 on the sending socket: it never receives anything. */
+    struct sockaddr_ll addr = {.sll_family = AF_PACKET,
+                               .sll_protocol = for_rx ? htons(ETH_P_ALL) : 0,
+                               .sll_ifindex = (int)ifindex};
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr))) die("bind(AF_PACKET)");
+    return fd;
+}
+
+/* ---- receive and release ------------------------------------------------------------- */
+
+static struct mmsghdr rx_msgs[BATCH];
+static struct iovec rx_iov[BATCH];
+static struct sockaddr_ll rx_addr[BATCH];
+static char rx_ctl[BATCH][CMSG_SPACE(sizeof(struct timespec))];
+static uint8_t *rx_buf;
+
+static void rx_setup(void) {
+    rx_buf = malloc((size_t)BATCH * SLOT_BYTES);
+    if (!rx_buf) die("malloc");
+    for (int i = 0; i < BATCH; i++) {
+        rx_iov[i] = (struct iovec){rx_buf + (size_t)i * SLOT_BYTES, SLOT_BYTES};
+        rx_msgs[i].msg_hdr = (struct msghdr){.msg_iov = &rx_iov[i], .msg_iovlen = 1};
+    }
+}
+
+static int64_t frame_delay(void) {
+    int64_t d = opt.delay_ns;
+    if (opt.jitter_ns > 0) d += llround(jitter_sample(opt.dist) * (double)opt.jitter_ns);
+    return d < 0 ? 0 : d;
+}
+
+/* Arrival time of a frame on CLOCK_MONOTONIC, from its kernel receive stamp (CLOCK_REALTIME).
+ * The offset between the clocks is sampled right after each recvmmsg, so a clock step only
+ * affects frames stamped before it; stamps from the future or >1 s old fall back to now. */
+static int64_t arrival_ns(struct msghdr *m, int64_t mono_now, int64_t real_offset) {
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+            struct timespec ts;
+            memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+            int64_t t = (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec - real_offset;
+            if (t <= mono_now && t > mono_now - 1000000000ll) return t;
+        }
+    }
+    return mono_now;
+}
+
+static int receive_batch(int fd) {
+    for (int i = 0; i < BATCH; i++) {
+        rx_msgs[i].msg_hdr.msg_name = &rx_addr[i];
+        rx_msgs[i].msg_hdr.msg_namelen = sizeof(rx_addr[i]);
+        rx_msgs[i].msg_hdr.msg_control = rx_ctl[i];
+        rx_msgs[i].msg_hdr.msg_controllen = sizeof(rx_ctl[i]);
+    }
+    int n = recvmmsg(fd, rx_msgs, BATCH, MSG_DONTWAIT, NULL);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return 0;
+        die("recvmmsg");
+    }
+    int64_t mono = clock_ns(CLOCK_MONOTONIC), offset = clock_ns(CLOCK_REALTIME) - mono;
+    for (int i = 0; i < n; i++) {
+        struct msghdr *m = &rx_msgs[i].msg_hdr;
+        uint32_t len = rx_msgs[i].msg_len;
+        if (rx_addr[i].sll_pkttype == PACKET_OUTGOING) continue;
+        st.received++;
+        st.received_bytes += len > (uint32_t)VNET_LEN ? len - VNET_LEN : 0;
+        if ((m->msg_flags & MSG_TRUNC) || len <= (uint32_t)VNET_LEN) {
+            st.dropped_truncated++;
+            continue;
+        }
+        enqueue_frame(rx_iov[i].iov_base, len, arrival_ns(m, mono, offset) + frame_delay());
+    }
+    return n;
+}
+
+static void release_due(int fd) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct pkt *batch[BATCH];
+    for (;;) {
+        int64_t now = clock_ns(CLOCK_MONOTONIC);
+        int n = 0;
+        while (heap_n && n < BATCH && heap[0]->due <= now) {
+            struct pkt *p = batch[n] = heap_pop();
+            iov[n] = (struct iovec){p->data, p->len};
+            msgs[n].msg_hdr = (struct msghdr){.msg_iov = &iov[n], .msg_iovlen = 1};
+            n++;
+        }
+        if (!n) return;
+        for (int off = 0; off < n;) {
+            int r = sendmmsg(fd, msgs + off, (unsigned)(n - off), 0);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) { st.tx_errors++; off++; } /* skip the frame the kernel refused */
+            else off += r;
+        }
+        for (int i = 0; i < n; i++) {
+            record_late(now - batch[i]->due);
+            st.forwarded++;
+            st.forwarded_bytes += batch[i]->len - VNET_LEN;
+            st.queued_bytes -= batch[i]->len;
+            free(batch[i]);
+        }
+    }
+}
+
+/* ---- main ---------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop;
+static void on_signal(int sig) { (void)sig; stop = 1; }
+
+static void print_stats(void) {
+    printf("{\"event\": \"stats\", \"received\": %llu, \"received_bytes\": %llu, "
+           "\"forwarded\": %llu, \"forwarded_bytes\": %llu, \"dropped_loss\": %llu, "
+           "\"dropped_queue_full\": %llu, \"dropped_truncated\": %llu, \"tx_errors\": %llu, "
+           "\"segmented_frames\": %llu, \"segments_made\": %llu, \"queued_at_exit\": %zu, "
+           "\"queued_bytes_max\": %llu, \"late_p50_us\": %.0f, \"late_p99_us\": %.0f, "
+           "\"late_max_us\": %.1f}\n",
+           (unsigned long long)st.received, (unsigned long long)st.received_bytes,
+           (unsigned long long)st.forwarded, (unsigned long long)st.forwarded_bytes,
+           (unsigned long long)st.dropped_loss, (unsigned long long)st.dropped_queue_full,
+           (unsigned long long)st.dropped_truncated, (unsigned long long)st.tx_errors,
+           (unsigned long long)st.segmented_frames, (unsigned long long)st.segments_made,
+           heap_n, (unsigned long long)st.queued_bytes_max, late_quantile_us(0.5),
+           late_quantile_us(0.99), st.late_max_ns / 1000.0);
+    fflush(stdout);
+}
+
+static struct timespec ns_to_ts(int64_t ns) {
+    return (struct timespec){.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
+}
+
+int main(int argc, char **argv) {
+    parse_options(argc, argv, &opt);
+    rng_seed(opt.seed);
+    late_hist = calloc(HIST_BUCKETS, sizeof(*late_hist));
+    if (!late_hist) die("calloc");
+    rx_setup();
+    prctl(PR_SET_TIMERSLACK, 1UL); /* hrtimer wakeups at the requested ns, not +50 us */
+    if (opt.rt_priority > 0) {
+        struct sched_param sp = {.sched_priority = opt.rt_priority};
+        if (sched_setscheduler(0, SCHED_FIFO, &sp))
+            fprintf(stderr, "nsd-delayline: SCHED_FIFO refused (%s); running SCHED_OTHER\n",
+                    strerror(errno));
+    }
+    int rx = open_packet_socket(opt.in_if, 1), tx = open_packet_socket(opt.out_if, 0);
+
+    /* SIGTERM/SIGINT stay blocked except inside ppoll, so no syscall is cut short elsewhere. */
+    sigset_t block, open_mask;
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGINT);
+    sigprocmask(SIG_BLOCK, &block, &open_mask);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    printf("{\"event\": \"ready\", \"pid\": %d, \"in\": \"%s\", \"out\": \"%s\"}\n", getpid(),
+           opt.in_if, opt.out_if);
+    fflush(stdout);
+
+    struct pollfd pfd = {.fd = rx, .events = POLLIN};
+    const struct timespec zero = {0, 0};
+    while (!stop) {
+        release_due(tx);
+        int64_t wait = -1;
+        if (heap_n) {
+            wait = heap[0]->due - clock_ns(CLOCK_MONOTONIC);
+            if (wait <= 0) continue;
+        }
+        /* Sleep until spin_ns before the next due time, then poll without sleeping: the last
+         * stretch of an hrtimer sleep is where wakeup latency would land. */
+        struct timespec ts;
+        const struct timespec *timeout = NULL;
+        if (wait >= 0) {
+            ts = wait > opt.spin_ns ? ns_to_ts(wait - opt.spin_ns) : zero;
+            timeout = &ts;
+        }
+        int r = ppoll(&pfd, 1, timeout, &open_mask);
+        if (r < 0 && errno != EINTR) die("ppoll");
+        if (r > 0) receive_batch(rx);
+    }
+    print_stats();
+    return 0;
+}
