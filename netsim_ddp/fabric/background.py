@@ -4,8 +4,9 @@ The jitter this project is about comes from contention. A flow is a sender proce
 source node and a sink in its destination; the sender follows an on/off schedule drawn from
 the flow's seed, so every mode of a run meets the same schedule, measured from its own start.
 
-Both ends report their TCP counters (TCP_INFO) when stopped, so the bytes background traffic put
-on the wire can be told apart from the training's.
+Both ends sample their TCP counters (TCP_INFO) as they run and report the series when stopped,
+so the bytes background traffic put on the wire in any window can be told apart from the
+training's.
 
     python -m netsim_ddp.fabric.background sink
     python -m netsim_ddp.fabric.background send ADDR PORT FLOW_JSON
@@ -14,6 +15,7 @@ on the wire can be told apart from the training's.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import random
 import signal
@@ -27,7 +29,10 @@ from dataclasses import dataclass
 
 from ..scenario import ETHERNET_HEADER, BackgroundFlow
 
-TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + timestamps 12
+# What tc counts for each segment besides its payload: Ethernet 14, IPv4 20, TCP 20 with the
+# timestamp option 12 (Linux turns it on by default).
+WIRE_HEADERS = ETHERNET_HEADER + 52
+SAMPLE_EVERY_S = 0.01
 _TCPI_SEGS_OUT = 136  # offsets in struct tcp_info (linux/tcp.h)
 _TCPI_BYTES_SENT = 200
 _CHUNK = 1 << 18
@@ -48,24 +53,58 @@ def on_periods(flow: BackgroundFlow) -> Iterator[tuple[float, float]]:
 
 
 @dataclass(frozen=True)
-class FlowCounters:
-    sent_payload: int
-    sent_segments: int  # data and ACK segments the sender put on the wire
-    sink_segments: int  # ACKs the sink sent back
+class BackgroundBytes:
+    """Wire bytes the flows' ends had sent over time: one series of (monotonic s, bytes) per
+    end, sampled from TCP_INFO as they ran, so any window of the run can be accounted for."""
+
+    series: tuple[tuple[tuple[float, int], ...], ...] = ()
 
     @property
-    def wire_bytes(self) -> int:
-        """Bytes as tc counts them on the links, headers included, both directions."""
-        header = TCP_IP_HEADERS + ETHERNET_HEADER
-        return self.sent_payload + header * (self.sent_segments + self.sink_segments)
+    def total(self) -> int:
+        return sum(points[-1][1] for points in self.series if points)
+
+    def between(self, start_s: float, end_s: float) -> float:
+        """Bytes sent within [start_s, end_s] (CLOCK_MONOTONIC), interpolated.
+
+        TCP counts a segment when it enters the link's queue and tc when it leaves, so this
+        differs from the links' counters over the same window by at most a queue's worth."""
+        return sum(_at(points, end_s) - _at(points, start_s) for points in self.series)
 
 
-def _tcp_info(sock: socket.socket) -> tuple[int, int]:
-    """(segments out, payload bytes sent) of a TCP socket."""
-    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-    (segs_out,) = struct.unpack_from("I", info, _TCPI_SEGS_OUT)
-    (bytes_sent,) = struct.unpack_from("Q", info, _TCPI_BYTES_SENT)
-    return segs_out, bytes_sent
+def _at(points: tuple[tuple[float, int], ...], when: float) -> float:
+    if not points or when <= points[0][0]:
+        return 0.0 if not points or when < points[0][0] else float(points[0][1])
+    index = bisect.bisect_right(points, (when, float("inf")))
+    if index >= len(points):
+        return float(points[-1][1])
+    (t0, b0), (t1, b1) = points[index - 1], points[index]
+    return b0 + (b1 - b0) * (when - t0) / (t1 - t0) if t1 > t0 else float(b1)
+
+
+class _WireMeter:
+    """Samples a socket's wire bytes (payload + headers of every segment, ACKs included)."""
+
+    def __init__(self, sock: socket.socket, every_s: float = SAMPLE_EVERY_S):
+        self.sock = sock
+        self.every_s = every_s
+        self.points: list[tuple[float, int]] = []
+        self.sample(force=True)
+
+    def sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.points[-1][0] >= self.every_s:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            (segs_out,) = struct.unpack_from("I", info, _TCPI_SEGS_OUT)
+            (bytes_sent,) = struct.unpack_from("Q", info, _TCPI_BYTES_SENT)
+            self.points.append((now, bytes_sent + WIRE_HEADERS * segs_out))
+
+    def report_and_reset(self) -> None:
+        """Print the series, then reset the connection: a graceful close would still send
+        what sits in the send buffer (megabytes) after the last sample."""
+        self.sample(force=True)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.sock.close()
+        print(json.dumps({"series": self.points}), flush=True)
 
 
 class BackgroundTraffic:
@@ -100,17 +139,14 @@ class BackgroundTraffic:
         self._running.append((sender, sink))
         _read_line(sender, "sender")  # connected: the schedule's clock has started
 
-    def stop(self) -> FlowCounters:
-        """Stop every flow; the counters of all of them together."""
-        payload = segments = acks = 0
+    def stop(self) -> BackgroundBytes:
+        """Stop every flow; what all their ends put on the wire, over time."""
+        series = []
         for sender, sink in self._running:
-            sent = _stop(sender)
-            received = _stop(sink)
-            payload += sent.get("bytes_sent", 0)
-            segments += sent.get("segs_out", 0)
-            acks += received.get("segs_out", 0)
+            for process in (sender, sink):
+                series.append(tuple(tuple(point) for point in _stop(process).get("series", [])))
         self._running.clear()
-        return FlowCounters(payload, segments, acks)
+        return BackgroundBytes(tuple(series))
 
 
 def _read_line(process: subprocess.Popen, role: str) -> str:
@@ -122,7 +158,7 @@ def _read_line(process: subprocess.Popen, role: str) -> str:
     return line
 
 
-def _stop(process: subprocess.Popen) -> dict[str, int]:
+def _stop(process: subprocess.Popen) -> dict[str, list]:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
@@ -144,33 +180,28 @@ def _raise_stop(*_args) -> None:
     raise _Stop
 
 
-def _report(sock: socket.socket | None) -> None:
-    """Print the socket's counters, then reset it: a graceful close would still send what
-    sits in the send buffer (megabytes), after the counters were read."""
-    segs_out, bytes_sent = _tcp_info(sock) if sock else (0, 0)
-    if sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-    print(json.dumps({"segs_out": segs_out, "bytes_sent": bytes_sent}), flush=True)
-
-
 def _sink(address: str) -> None:
     listener = socket.create_server((address, 0))
     print(listener.getsockname()[1], flush=True)
-    conn = None
+    meter = None
     try:
         conn, _ = listener.accept()
+        meter = _WireMeter(conn)
         buffer = bytearray(_CHUNK)
         while conn.recv_into(buffer):
-            pass
+            meter.sample()
     except (_Stop, ConnectionError):  # stopped, or the sender reset the connection first
         pass
-    _report(conn)
+    if meter is None:
+        print(json.dumps({"series": []}), flush=True)
+    else:
+        meter.report_and_reset()
 
 
 def _send(address: str, port: int, flow: BackgroundFlow) -> None:
     sock = socket.create_connection((address, port), timeout=30)
     sock.settimeout(None)
+    meter = _WireMeter(sock)
     print("ready", flush=True)
     start = time.monotonic()
     rate = flow.rate
@@ -179,6 +210,7 @@ def _send(address: str, port: int, flow: BackgroundFlow) -> None:
     try:
         for begin, end in on_periods(flow):
             _sleep_until(start + begin)
+            meter.sample(force=True)  # the off-period ends here, not at the next sample
             sent, on_start = 0, time.monotonic()
             while (now := time.monotonic()) < start + end:
                 if rate and sent * 8 > rate * (now - on_start):
@@ -186,9 +218,11 @@ def _send(address: str, port: int, flow: BackgroundFlow) -> None:
                     continue
                 sock.sendall(payload)
                 sent += len(payload)
+                meter.sample()
+            meter.sample(force=True)
     except (_Stop, ConnectionError):
         pass
-    _report(sock)
+    meter.report_and_reset()
 
 
 def _sleep_until(deadline: float) -> None:

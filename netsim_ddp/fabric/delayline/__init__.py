@@ -73,11 +73,11 @@ def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
 
 
 def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
-            spin_us: float = 20.0, rt_priority: int = 0) -> list[str]:
+            spin_us: float = 200.0, rt_priority: int = 0) -> list[str]:
     """argv that runs the forwarder; start it inside the delay namespace.
 
-    spin_us: how long before each due time the forwarder stops sleeping and polls (precision
-    against CPU); rt_priority > 0 asks for SCHED_FIFO (root only; falls back with a warning).
+    spin_us: the most the forwarder busy-polls before a due time (it learns how late its
+    wakeups are and spins that long; 0 never spins: less CPU, wakeup latency lands on frames); rt_priority > 0 asks for SCHED_FIFO (root only; falls back with a warning).
     """
     return [
         str(build_binary()), "--in", in_ifname, "--out", out_ifname,

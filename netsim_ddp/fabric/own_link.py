@@ -1,0 +1,42 @@
+"""Counters of the link of the node this process runs in, read from inside it.
+
+Ranks read these at the edges of their measured window, so the wire bytes of a mode count its
+measured iterations only: not the rendezvous, the parameter broadcast of DDP's start, the
+warm-up, or the results gathered at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import TC_H_ROOT
+
+from . import naming
+
+
+@dataclass(frozen=True)
+class LinkMark:
+    """What a node had sent by `monotonic_s` (CLOCK_MONOTONIC: one clock for all namespaces)."""
+
+    monotonic_s: float
+    sent_bytes: int
+    sent_packets: int
+
+
+def mark_own_link(ifname: str = naming.NODE_IFNAME) -> LinkMark | None:
+    """The bytes this node's shaped NIC has sent, or None if it has no such NIC.
+
+    Only meaningful inside an emulated node: the harness tells ranks so (NETSIM_DDP_NODE)."""
+    with IPRoute() as ipr:
+        links = ipr.link_lookup(ifname=ifname)
+        if not links:
+            return None
+        for msg in ipr.get_qdiscs(index=links[0]):
+            if msg["parent"] == TC_H_ROOT:
+                stats = msg.get_attr("TCA_STATS2")
+                basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
+                if basic:
+                    return LinkMark(time.monotonic(), basic["bytes"], basic["packets"])
+    return None

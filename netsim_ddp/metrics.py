@@ -1,0 +1,70 @@
+"""Samples to summaries, and the all-reduce arithmetic the results are judged against.
+
+Vocabulary (README): iteration time is the slowest rank's optimizer step; comm time is the
+exposed communication (iteration minus compute-only); bus bandwidth follows nccl-tests:
+busbw = algbw x 2(n-1)/n, and an ideal ring all-reduce of S bytes over links of B bytes/s takes
+2(n-1)/n x S/B plus 2(n-1) latencies.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    mean: float
+    median: float
+    std: float
+    p5: float
+    p95: float
+    iqr: float
+    min: float
+    max: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    if not samples:
+        raise ValueError("no samples to summarize")
+    values = sorted(samples)
+    if len(values) == 1:
+        (only,) = values
+        return Summary(1, only, only, 0.0, only, only, 0.0, only, only)
+    # 'inclusive' quantiles: the sample's own min and max bound them, as numpy's default does.
+    percentiles = statistics.quantiles(values, n=100, method="inclusive")
+    quartiles = statistics.quantiles(values, n=4, method="inclusive")
+    return Summary(
+        n=len(values),
+        mean=statistics.fmean(values),
+        median=statistics.median(values),
+        std=statistics.stdev(values),
+        p5=percentiles[4],
+        p95=percentiles[94],
+        iqr=quartiles[2] - quartiles[0],
+        min=values[0],
+        max=values[-1],
+    )
+
+
+def ring_factor(world_size: int) -> float:
+    """2(n-1)/n: the share of the buffer each rank sends (and receives) in a ring all-reduce."""
+    return 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
+
+
+def ring_allreduce_lower_bound(size_bytes: float, world_size: int, link_bps: float,
+                               latency_s: float = 0.0) -> float:
+    """Seconds an ideal ring all-reduce of `size_bytes` takes over links of `link_bps` bits/s."""
+    return ring_factor(world_size) * size_bytes * 8 / link_bps + 2 * (world_size - 1) * latency_s
+
+
+def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth in bits/s: algbw (size/time) x 2(n-1)/n."""
+    if seconds <= 0:
+        return float("inf")
+    return size_bytes * 8 / seconds * ring_factor(world_size)
