@@ -11,8 +11,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 
 from ..scenario import ETHERNET_HEADER
@@ -85,68 +83,88 @@ class FidelityReport:
                 "reason": self.reason, "samples": [s.as_dict() for s in self.samples]}
 
 
+# The receiver: prints its port, then, once the sender is done, the goodput after the warm-up.
+_RECEIVER = """
+import socket, sys, time
+address, warmup = sys.argv[1], float(sys.argv[2])
+listener = socket.create_server((address, 0))
+print(listener.getsockname()[1], flush=True)
+listener.settimeout(30)
+conn, _ = listener.accept()
+buffer = bytearray(1 << 20)
+total, first, mark = 0, None, None
+while received := conn.recv_into(buffer):
+    now = time.monotonic()
+    first = first or now
+    total += received
+    if mark is None and now >= first + warmup:
+        mark = (now, total)
+    last = (now, total)
+if mark is None or last[0] <= mark[0]:
+    sys.exit("too little data after the warm-up")
+print((last[1] - mark[1]) * 8 / (last[0] - mark[0]), flush=True)
+"""
+
+
+def measure_goodputs(pairs: list[tuple[Node, Node]], seconds: float = 1.0,
+                     warmup: float = 0.25) -> list[float]:
+    """Bits per second of TCP payload of each (source, destination) flow, all running at once,
+    after a warm-up that lets slow start and tbf's initial burst pass."""
+    receivers, ports, senders = [], [], []
+    try:
+        for _, destination in pairs:
+            receivers.append(destination.popen(
+                [sys.executable, "-c", _RECEIVER, destination.address, str(warmup)],
+                stdout=subprocess.PIPE, text=True))
+            ports.append(receivers[-1].stdout.readline().strip())  # listening: ready
+            if not ports[-1]:
+                raise RuntimeError(f"goodput probe receiver in {destination.name} did not start")
+        for (source, destination), port in zip(pairs, ports):
+            senders.append(source.popen([sys.executable, "-c", _SENDER, destination.address,
+                                         port, str(seconds + warmup)], stderr=subprocess.PIPE))
+        results = []
+        for (source, destination), sender, receiver in zip(pairs, senders, receivers):
+            _, err = sender.communicate(timeout=seconds + warmup + 30)
+            out, _ = receiver.communicate(timeout=30)
+            if sender.returncode != 0 or receiver.returncode != 0:
+                raise RuntimeError(f"goodput probe {source.name}->{destination.name} failed: "
+                                   f"{err.decode(errors='replace').strip()[-500:]}")
+            results.append(float(out.strip()))
+        return results
+    finally:
+        for process in senders + receivers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 def measure_goodput(source: Node, destination: Node, seconds: float = 1.0,
                     warmup: float = 0.25) -> float:
-    """Bits per second of TCP payload from `source` to `destination`, after a warm-up
-    that lets slow start and tbf's initial burst pass."""
-    listener = destination.socket()
-    listener.bind((destination.address, 0))
-    listener.listen(1)
-    listener.settimeout(15)
-    port = listener.getsockname()[1]
-    sender = source.popen([sys.executable, "-c", _SENDER, destination.address, str(port),
-                           str(seconds + warmup)], stderr=subprocess.PIPE)
-    marks: list[tuple[float, int]] = []
-
-    def receive() -> None:
-        with listener, listener.accept()[0] as conn:
-            buffer = bytearray(_CHUNK)
-            total = 0
-            while received := conn.recv_into(buffer):
-                total += received
-                marks.append((time.monotonic(), total))
-
-    receiver = threading.Thread(target=receive, daemon=True)
-    receiver.start()
-    try:
-        _, err = sender.communicate(timeout=seconds + warmup + 20)
-    except subprocess.TimeoutExpired:
-        sender.kill()
-        raise RuntimeError(f"goodput probe {source.name}->{destination.name} hung") from None
-    receiver.join(timeout=10)
-    if sender.returncode != 0 or len(marks) < 2:
-        raise RuntimeError(f"goodput probe {source.name}->{destination.name} failed: "
-                           f"{err.decode(errors='replace').strip()[-500:]}")
-    start = next((m for m in marks if m[0] >= marks[0][0] + warmup), marks[0])
-    end = marks[-1]
-    return (end[1] - start[1]) * 8 / max(end[0] - start[0], 1e-9)
+    """Bits per second of TCP payload of one flow from `source` to `destination`."""
+    return measure_goodputs([(source, destination)], seconds, warmup)[0]
 
 
 def probe_pairs(fabric: Fabric) -> list[tuple[Node, Node]]:
-    """Node 0 to node 1, plus each node with an overridden link in both directions."""
+    """A ring: each node sends to the next while receiving from the previous, all at once.
+
+    That is what a ring all-reduce does to the links and to the host: every link busy in both
+    directions. A single flow would flatter a host that cannot carry all of them together.
+    """
     nodes = fabric.nodes
     if len(nodes) < 2:
         return []
-    pairs = [(nodes[0], nodes[1])]
-    overridden = {fabric.node(o.node).index for o in fabric.scenario.link.override}
-    for node in nodes:
-        if node.index in overridden:
-            other = nodes[1] if node.index == 0 else nodes[0]
-            for pair in ((node, other), (other, node)):
-                if pair not in pairs:
-                    pairs.append(pair)
-    return pairs
+    return [(node, nodes[(node.index + 1) % len(nodes)]) for node in nodes]
 
 
 def check_fidelity(fabric: Fabric, seconds: float | None = None,
                    min_fraction: float | None = None) -> FidelityReport:
     config = fabric.scenario.fidelity
     seconds = config.probe_duration if seconds is None else seconds
+    pairs = probe_pairs(fabric)
     samples = []
-    for source, destination in probe_pairs(fabric):
+    for (source, destination), goodput in zip(pairs, measure_goodputs(pairs, seconds)):
         cap = min(source.plan.link.rate, destination.plan.link.rate)
         mtu = min(source.plan.link.mtu, destination.plan.link.mtu)
-        goodput = measure_goodput(source, destination, seconds)
         samples.append(GoodputSample(source.name, destination.name, cap,
                                      expected_goodput(cap, mtu), goodput))
     return FidelityReport(tuple(samples),
