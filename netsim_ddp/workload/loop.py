@@ -1,0 +1,171 @@
+"""The measured training loop: synced steps interleaved with compute-only steps.
+
+Kept apart from the distributed setup (rank.py): it gets a DDP model, a mode and a barrier.
+
+Each measured iteration runs the same micro-batches twice, in alternating order:
+  synced:       a full optimizer step with DDP gradient sync (what training does);
+  compute-only: the same step under `no_sync()`, then rolled back (parameters, optimizer and
+                GradScaler state restored, untimed), so its local-only gradients never make the
+                ranks' models diverge and the next synced step starts from the same state.
+Both include the optimizer step, so their difference is the exposed communication only.
+Interleaving makes both see the same CPU contention (other ranks, background traffic).
+A barrier before each timed step lines the ranks up, so no rank's time includes waiting for
+another rank that was still in its previous step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from netsim_ddp.workload.hooks import SentBytes
+from netsim_ddp.workload.models import Batch, LossFn
+from netsim_ddp.workload.modes import Mode
+
+SYNC_SPAN = "nsd.synced_step"  # profiler label around each measured synced step
+
+
+@dataclass
+class Trainer:
+    ddp: DistributedDataParallel
+    mode: Mode
+    loss_fn: LossFn
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    device: torch.device
+
+    def step(self, micro_batches: Sequence[Batch], sync: bool) -> torch.Tensor:
+        """One optimizer step over the micro-batches; gradients sync on the last one if `sync`.
+
+        Returns the mean loss over the micro-batches.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        last = len(micro_batches) - 1
+        mean_loss = torch.zeros((), device=self.device)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            skip_sync = index < last or not sync
+            with self.ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                with self.mode.autocast(self.device.type):
+                    loss = self.loss_fn(self.ddp(inputs), targets) / len(micro_batches)
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+                else:
+                    loss.backward()  # type: ignore[no-untyped-call]
+            mean_loss += loss.detach().float()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return mean_loss
+
+    @contextlib.contextmanager
+    def rolled_back(self) -> Iterator[None]:
+        """Restore model, optimizer and scaler state on exit (outside any timed region)."""
+        saved_model = [t.detach().clone() for t in self.ddp.module.state_dict().values()]
+        saved_optimizer = copy.deepcopy(self.optimizer.state_dict())
+        saved_scaler = self.scaler.state_dict() if self.scaler is not None else None
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for tensor, saved in zip(
+                    self.ddp.module.state_dict().values(), saved_model, strict=True
+                ):
+                    tensor.copy_(saved)
+            self.optimizer.load_state_dict(saved_optimizer)
+            if self.scaler is not None and saved_scaler is not None:
+                self.scaler.load_state_dict(saved_scaler)
+
+
+@dataclass
+class Samples:
+    iteration_s: list[float] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
+    sent_bytes: list[int] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    skipped_steps: int = 0
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """Hash of every parameter's bytes: equal on all ranks iff their models are identical."""
+    digest = hashlib.sha256()
+    for param in model.parameters():
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _scale_of(trainer: Trainer) -> float:
+    return trainer.scaler.get_scale() if trainer.scaler is not None else 1.0
+
+
+def measure(
+    trainer: Trainer,
+    batches: Sequence[Batch],
+    counter: SentBytes,
+    *,
+    warmup: int,
+    iterations: int,
+    grad_accumulation: int,
+    barrier: Callable[[], None],
+    around_measured: Callable[[], contextlib.AbstractContextManager[object]] = (
+        contextlib.nullcontext
+    ),
+) -> Samples:
+    """Warm up, then time `iterations` synced and compute-only steps (see module docstring)."""
+    samples = Samples()
+
+    def micro_batches(iteration: int) -> list[Batch]:
+        start = iteration * grad_accumulation
+        return [batches[(start + j) % len(batches)] for j in range(grad_accumulation)]
+
+    def timed(
+        step_batches: list[Batch], sync: bool, label: str = "nsd.step"
+    ) -> tuple[float, torch.Tensor]:
+        barrier()
+        counter.reset()
+        _device_sync(trainer.device)
+        with torch.profiler.record_function(label):
+            start = time.perf_counter()
+            loss = trainer.step(step_batches, sync)
+            _device_sync(trainer.device)
+            return time.perf_counter() - start, loss
+
+    for iteration in range(warmup):  # warms both paths: DDP rebuilds buckets after step one
+        timed(micro_batches(iteration), sync=True)
+        with trainer.rolled_back():
+            timed(micro_batches(iteration), sync=False)
+
+    with around_measured():  # e.g. the profiler: measured iterations only
+        for iteration in range(iterations):
+            step_batches = micro_batches(warmup + iteration)
+            for sync in (True, False) if iteration % 2 == 0 else (False, True):
+                if sync:
+                    scale = _scale_of(trainer)
+                    seconds, loss = timed(step_batches, True, f"{SYNC_SPAN}.{iteration}")
+                    samples.iteration_s.append(seconds)
+                    samples.sent_bytes.append(counter.bytes)
+                    samples.buckets.append(counter.buckets)
+                    samples.loss.append(float(loss))
+                    # GradScaler lowers its scale exactly when it skips a step (inf/nan grads).
+                    samples.skipped_steps += int(_scale_of(trainer) < scale)
+                else:
+                    with trainer.rolled_back():
+                        seconds, _ = timed(step_batches, False)
+                    if counter.buckets:  # compute-only must not have communicated
+                        raise RuntimeError(f"no_sync() step all-reduced {counter.buckets} buckets")
+                    samples.compute_s.append(seconds)
+    return samples

@@ -1,0 +1,180 @@
+"""Rank entry point, started by torchrun on every node:
+
+    python -m netsim_ddp.workload.rank --spec SPEC.json --out DIR [--profile PROFDIR]
+
+SPEC.json is a `RankSpec` (the WorkloadConfig plus which of its modes to run). The modes run in
+sequence in one process group, each from a fresh model and DDP wrapper seeded the same way: one
+rendezvous and one torch import for all modes (process start-up is seconds on a 2-core host,
+more than a small scenario's measured run), and the modes run back to back under the same
+conditions. A harness that wants a fresh process per mode writes one spec per mode.
+
+For each mode, rank 0 gathers every rank's samples and writes DIR/result-MODE.json (results.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+
+from netsim_ddp.workload.config import RankSpec, WorkloadConfig
+from netsim_ddp.workload.hooks import SentBytes
+from netsim_ddp.workload.loop import Trainer, measure, param_digest
+from netsim_ddp.workload.models import build_workload, count_params, make_batches
+from netsim_ddp.workload.modes import get_mode
+from netsim_ddp.workload.profiling import Profiler, trace_path
+from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
+
+BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
+LEARNING_RATE = 1e-3
+
+
+def resolve_backend(requested: str, local_world_size: int) -> str:
+    """'auto' -> nccl only with CUDA and one GPU per local rank; else gloo."""
+    gpus_enough = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    if requested == "auto":
+        return "nccl" if gpus_enough else "gloo"
+    if requested == "nccl" and not gpus_enough:
+        raise RuntimeError(
+            f"backend 'nccl' needs {local_world_size} GPU(s) per node; "
+            f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+        )
+    return requested
+
+
+def run_mode(
+    config: WorkloadConfig,
+    mode_name: str,
+    device: torch.device,
+    profile_dir: Path | None,
+) -> tuple[RankSamples, int]:
+    """Train and measure one mode on this rank; returns its samples and the model's size."""
+    rank = dist.get_rank()
+    mode = get_mode(mode_name)
+    workload = build_workload(config.model, config.params, config.seed)
+    params = count_params(workload.model)
+    batches = [
+        (inputs.to(device), targets.to(device))
+        for inputs, targets in make_batches(
+            workload, config.batch_size, BATCH_POOL, config.seed, rank
+        )
+    ]
+    ddp = DistributedDataParallel(
+        workload.model.to(device),
+        bucket_cap_mb=config.bucket_size / 2**20,
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
+    counter = SentBytes()
+    mode.register_comm_hook(ddp, counter)
+    trainer = Trainer(
+        ddp=ddp,
+        mode=mode,
+        loss_fn=workload.loss_fn,
+        optimizer=torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE, momentum=0.9),
+        scaler=mode.grad_scaler(device.type),
+        device=device,
+    )
+    profiler = (
+        Profiler(trace_path(profile_dir, rank, mode_name), device, config.iterations)
+        if profile_dir is not None
+        else None
+    )
+    samples = measure(
+        trainer,
+        batches,
+        counter,
+        warmup=config.warmup,
+        iterations=config.iterations,
+        grad_accumulation=config.grad_accumulation,
+        barrier=dist.barrier,
+        around_measured=profiler if profiler is not None else contextlib.nullcontext,
+    )
+    rank_samples = RankSamples(
+        rank=rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        hostname=socket.gethostname(),
+        iteration_s=samples.iteration_s,
+        compute_s=samples.compute_s,
+        comm_s=exposed_comm(samples.iteration_s, samples.compute_s),
+        sent_bytes=samples.sent_bytes,
+        buckets=samples.buckets,
+        wire_dtypes=sorted(counter.dtypes),
+        loss=samples.loss,
+        skipped_steps=samples.skipped_steps,
+        param_digest=param_digest(ddp.module),
+        profiler_allreduce_s=profiler.allreduce_s if profiler is not None else None,
+    )
+    return rank_samples, params
+
+
+def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = resolve_backend(spec.workload.backend, local_world_size)
+    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # gloo binds to GLOO_SOCKET_IFNAME by itself when it is set (the harness sets eth0).
+    dist.init_process_group(backend, timeout=timedelta(seconds=spec.collective_timeout_s))
+    try:
+        for mode_name in spec.selected_modes():
+            samples, params = run_mode(spec.workload, mode_name, device, profile_dir)
+            gathered: list[RankSamples | None] = [None] * dist.get_world_size()
+            dist.gather_object(samples, gathered if dist.get_rank() == 0 else None, dst=0)
+            if dist.get_rank() == 0:
+                config = spec.workload
+                result = combine(
+                    [g for g in gathered if g is not None],
+                    mode=mode_name,
+                    model=config.model,
+                    params=params,
+                    params_requested=config.params,
+                    world_size=dist.get_world_size(),
+                    local_world_size=local_world_size,
+                    backend=backend,
+                    device=device.type,
+                    socket_ifname=os.environ.get("GLOO_SOCKET_IFNAME"),
+                    batch_size=config.batch_size,
+                    grad_accumulation=config.grad_accumulation,
+                    bucket_size=config.bucket_size,
+                    warmup=config.warmup,
+                    iterations=config.iterations,
+                    profiled=profile_dir is not None,
+                )
+                write_result(out_dir, result)
+            gc.collect()  # drop the previous mode's model and DDP buckets before the next
+    finally:
+        dist.destroy_process_group()
+
+
+@record  # torchrun then reports this rank's traceback as the root cause
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m netsim_ddp.workload.rank")
+    parser.add_argument("--spec", type=Path, required=True, help="RankSpec JSON file")
+    parser.add_argument("--out", type=Path, required=True, help="directory for result-MODE.json")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="PROFDIR",
+        help="profile measured iterations; chrome traces go here",
+    )
+    args = parser.parse_args(argv)
+    spec = RankSpec.model_validate_json(args.spec.read_text())
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    run(spec, args.out, args.profile)
+
+
+if __name__ == "__main__":
+    main()
