@@ -177,6 +177,58 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 
 
 @main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--json", "json_out", metavar="OUT", help="Write the results as JSON ('-': stdout).")
+@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep rank logs, results and traces here (default: a temporary directory).")
+@click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
+@click.option("--allow-untrusted", is_flag=True,
+              help="Run scenarios whose links this host cannot drive (results marked untrusted).")
+@click.option("--timeout", "timeout_s", type=float, help="Seconds before hung ranks are killed.")
+def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
+        out_dir: str | None, profile: bool, allow_untrusted: bool,
+        timeout_s: float | None) -> None:
+    """Train every mode of each scenario on its emulated network and report what it cost."""
+    from .fabric import FabricError, PrivilegeError, ensure_network_privilege
+    from .report import mode_table
+    from .runner import results_document, run_scenario
+    from .workload import WorkloadError
+
+    scenarios = _load_all(files)
+    for scenario in scenarios:
+        if scenario.workload is None:
+            _fail(f"{scenario.path}: workload: required to run training; add a [workload] "
+                  "section (see README)", EXIT_BAD_INPUT)
+    try:
+        ensure_network_privilege()
+    except PrivilegeError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    human = _human(json_out)
+    reports = []
+    for scenario in scenarios:
+        scenario_out = Path(out_dir) / scenario.name if out_dir else None
+        try:
+            with err.status("") as status:
+                report = run_scenario(
+                    scenario, out_dir=scenario_out, iterations=iterations, profile=profile,
+                    allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+                    progress=lambda message: status.update(message))
+        except (FabricError, WorkloadError) as exc:
+            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+        reports.append(report)
+        if report.refused:
+            human.print(f"[yellow]{scenario.name}: refused[/]: {report.refused}")
+            continue
+        human.print(mode_table(report))
+        for check in report.checks:
+            mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
+            human.print(f"  {mark} {check.name}: {check.detail}")
+    _write_json(json_out, results_document(reports))
+    sys.exit(EXIT_OK if all(report.passed for report in reports) else EXIT_FAILED)
+
+
+@main.command()
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 def clean(dry_run: bool) -> None:
     """Remove namespaces left by killed runs (live runs are left alone)."""

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from . import units
+from .workload.config import WorkloadConfig
 
 # tbf carries the rate in a 32-bit field of bytes per second.
 MAX_RATE_BPS = (2**32 - 1) * 8
@@ -222,6 +223,8 @@ class Scenario(_Strict):
     link: LinkConfig
     background: list[BackgroundFlow] = Field(default_factory=list)
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
+    workload: WorkloadConfig | None = Field(
+        None, description="What to train on the network; without it, only the network is built.")
 
     _path: Path | None = PrivateAttr(None)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import os
 import json
 import random
 import signal
@@ -24,7 +25,8 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from dataclasses import dataclass
 
 from ..scenario import ETHERNET_HEADER, BackgroundFlow
@@ -33,6 +35,7 @@ from ..scenario import ETHERNET_HEADER, BackgroundFlow
 # timestamp option 12 (Linux turns it on by default).
 WIRE_HEADERS = ETHERNET_HEADER + 52
 SAMPLE_EVERY_S = 0.01
+SIGNAL_POLL_S = 0.001
 _TCPI_SEGS_OUT = 136  # offsets in struct tcp_info (linux/tcp.h)
 _TCPI_BYTES_SENT = 200
 _CHUNK = 1 << 18
@@ -110,9 +113,12 @@ class _WireMeter:
 class BackgroundTraffic:
     """Start every flow of a scenario inside a built fabric; stop them and count their bytes."""
 
-    def __init__(self, fabric, flows: list[BackgroundFlow]):
+    def __init__(self, fabric, flows: list[BackgroundFlow], signals: Path | None = None):
+        """With `signals`, each flow follows its schedule only inside the measured windows
+        that ranks signal there (see netsim_ddp.workload.window); else from the start."""
         self.fabric = fabric
         self.flows = flows
+        self.signals = signals
         self._running: list[tuple[subprocess.Popen, subprocess.Popen]] = []
 
     def __enter__(self) -> BackgroundTraffic:
@@ -133,11 +139,12 @@ class BackgroundTraffic:
         sink = destination.popen([*command, "sink", destination.address],
                                  stdout=subprocess.PIPE, text=True)
         port = _read_line(sink, "sink")
+        signals = ["--signals", str(self.signals)] if self.signals else []
         sender = source.popen([*command, "send", destination.address, port,
-                               flow.model_dump_json()],
+                               flow.model_dump_json(), *signals],
                               stdout=subprocess.PIPE, text=True)
         self._running.append((sender, sink))
-        _read_line(sender, "sender")  # connected: the schedule's clock has started
+        _read_line(sender, "sender")  # connected
 
     def stop(self) -> BackgroundBytes:
         """Stop every flow; what all their ends put on the wire, over time."""
@@ -198,36 +205,61 @@ def _sink(address: str) -> None:
         meter.report_and_reset()
 
 
-def _send(address: str, port: int, flow: BackgroundFlow) -> None:
+def _send(address: str, port: int, flow: BackgroundFlow, signals: Path | None) -> None:
     sock = socket.create_connection((address, port), timeout=30)
     sock.settimeout(None)
     meter = _WireMeter(sock)
     print("ready", flush=True)
-    start = time.monotonic()
-    rate = flow.rate
-    # Paced flows send small blocks so the pacing is smooth; bulk ones large blocks.
-    payload = memoryview(bytearray(65536 if rate else _CHUNK))
     try:
-        for begin, end in on_periods(flow):
-            _sleep_until(start + begin)
-            meter.sample(force=True)  # the off-period ends here, not at the next sample
-            sent, on_start = 0, time.monotonic()
-            while (now := time.monotonic()) < start + end:
-                if rate and sent * 8 > rate * (now - on_start):
-                    time.sleep(min(0.001, start + end - now))  # pacing to the flow's rate
-                    continue
-                sock.sendall(payload)
-                sent += len(payload)
-                meter.sample()
-            meter.sample(force=True)
+        if signals is None:
+            _follow_schedule(sock, meter, flow, stopped=lambda: False)
+        else:
+            # One schedule per measured window: from each start-MODE file to its end-MODE.
+            seen: set[str] = set()
+            while True:
+                mode = _wait_for_window(signals, seen)
+                end = signals / f"end-{mode}"
+                _follow_schedule(sock, meter, flow, stopped=end.exists)
     except (_Stop, ConnectionError):
         pass
     meter.report_and_reset()
 
 
-def _sleep_until(deadline: float) -> None:
-    while (left := deadline - time.monotonic()) > 0:
-        time.sleep(left)
+def _wait_for_window(signals: Path, seen: set[str]) -> str:
+    """Block until a start-MODE file not seen before appears; return MODE."""
+    while True:
+        for entry in os.scandir(signals):
+            if entry.name.startswith("start-") and entry.name not in seen:
+                seen.add(entry.name)
+                return entry.name.removeprefix("start-")
+        time.sleep(SIGNAL_POLL_S)
+
+
+def _follow_schedule(sock: socket.socket, meter: _WireMeter, flow: BackgroundFlow,
+                     stopped: Callable[[], bool]) -> None:
+    """Send during the flow's on-periods, from now until `stopped()`."""
+    start = time.monotonic()
+    rate = flow.rate
+    # Paced flows send small blocks so the pacing is smooth; bulk ones large blocks.
+    payload = memoryview(bytearray(65536 if rate else _CHUNK))
+    for begin, end in on_periods(flow):
+        while time.monotonic() < start + begin:  # the off-period
+            if stopped():
+                return
+            time.sleep(min(SIGNAL_POLL_S, max(start + begin - time.monotonic(), 0)))
+        meter.sample(force=True)  # the off-period ends here, not at the next sample
+        sent, on_start = 0, time.monotonic()
+        while (now := time.monotonic()) < start + end:
+            if stopped():
+                meter.sample(force=True)
+                return
+            if rate and sent * 8 > rate * (now - on_start):
+                time.sleep(min(0.001, start + end - now))  # pacing to the flow's rate
+                continue
+            sock.sendall(payload)
+            sent += len(payload)
+            meter.sample()
+        meter.sample(force=True)
 
 
 def _main(argv: list[str] | None = None) -> None:
@@ -239,12 +271,15 @@ def _main(argv: list[str] | None = None) -> None:
     send.add_argument("address")
     send.add_argument("port", type=int)
     send.add_argument("flow", help="the BackgroundFlow as JSON")
+    send.add_argument("--signals", type=Path, default=None,
+                      help="follow the schedule only inside measured windows signalled here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_stop)
     if args.role == "sink":
         _sink(args.address)
     else:
-        _send(args.address, args.port, BackgroundFlow.model_validate_json(args.flow))
+        _send(args.address, args.port, BackgroundFlow.model_validate_json(args.flow),
+              args.signals)
 
 
 if __name__ == "__main__":

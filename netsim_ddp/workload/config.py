@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from netsim_ddp.units import parse_count, parse_size
+from netsim_ddp.workload.collective import AllreduceProbe
 from netsim_ddp.workload.modes import MODES, mode_names
 
 BUILTIN_MODELS = ("mlp", "transformer")
@@ -113,6 +114,10 @@ class RankSpec(BaseModel):
     modes: list[str] | None = Field(
         default=None,
         description="Subset of workload.modes to run in this invocation; None runs them all.",
+    )
+    allreduce_probe: AllreduceProbe | None = Field(
+        default=None,
+        description="Time a bare all-reduce of this size before the modes (fidelity, busbw).",
     )
     collective_timeout_s: float = Field(
         default=120.0,

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from netsim_ddp.workload.collective import run_probe
 from netsim_ddp.workload.config import RankSpec, WorkloadConfig
 from netsim_ddp.workload.hooks import SentBytes
 from netsim_ddp.workload.loop import Trainer, measure, param_digest
@@ -33,6 +34,7 @@ from netsim_ddp.workload.models import build_workload, count_params, make_batche
 from netsim_ddp.workload.modes import get_mode
 from netsim_ddp.workload.profiling import Profiler, trace_path
 from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
+from netsim_ddp.workload.window import measured_window
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
 LEARNING_RATE = 1e-3
@@ -88,6 +90,7 @@ def run_mode(
         if profile_dir is not None
         else None
     )
+    link_marks: list[dict[str, float]] = []
     samples = measure(
         trainer,
         batches,
@@ -96,7 +99,9 @@ def run_mode(
         iterations=config.iterations,
         grad_accumulation=config.grad_accumulation,
         barrier=dist.barrier,
-        around_measured=profiler if profiler is not None else contextlib.nullcontext,
+        around_measured=lambda: measured_window(
+            mode_name, rank, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
+            profiler() if profiler is not None else contextlib.nullcontext(), link_marks),
     )
     rank_samples = RankSamples(
         rank=rank,
@@ -112,6 +117,7 @@ def run_mode(
         skipped_steps=samples.skipped_steps,
         param_digest=param_digest(ddp.module),
         profiler_allreduce_s=profiler.allreduce_s if profiler is not None else None,
+        link_marks=link_marks or None,
     )
     return rank_samples, params
 
@@ -126,6 +132,8 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
     # gloo binds to GLOO_SOCKET_IFNAME by itself when it is set (the harness sets eth0).
     dist.init_process_group(backend, timeout=timedelta(seconds=spec.collective_timeout_s))
     try:
+        if spec.allreduce_probe is not None:
+            run_probe(spec.allreduce_probe, out_dir)
         for mode_name in spec.selected_modes():
             samples, params = run_mode(spec.workload, mode_name, device, profile_dir)
             gathered: list[RankSamples | None] = [None] * dist.get_world_size()

@@ -62,6 +62,11 @@ class RankSamples(BaseModel):
         description="Summed duration of the profiler's all-reduce events inside each synced "
         "step (None unless profiled).",
     )
+    link_marks: list[dict[str, float]] | None = Field(
+        default=None,
+        description="In an emulated node, local rank 0's link counters at the start and end "
+        "of the measured window (monotonic_s, sent_bytes, sent_packets).",
+    )
 
 
 class ModeResult(BaseModel):

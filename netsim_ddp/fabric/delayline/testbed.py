@@ -25,6 +25,7 @@ from . import DelayLineSpec, command, parse_stats, prepare_delay_namespace, wait
 IN_IFNAME, OUT_IFNAME, NODE_IFNAME = "in", "out", "eth0"
 ADDR_A, ADDR_B, PREFIXLEN = "10.77.0.1", "10.77.0.2", 24
 STOP_TIMEOUT_S = 5.0
+NUD_PERMANENT = 0x80
 
 
 @dataclass
@@ -102,9 +103,16 @@ def _veth_to(ipr_d: IPRoute, name: str, node_ns: str, mtu: int) -> None:
         os.close(fd)
 
 
-def _setup_node(ipr: IPRoute, address: str, tbf_rate_bit: int | None, mtu: int) -> None:
+def _mac(ipr: IPRoute) -> str:
+    return str(ipr.get_links(ipr.link_lookup(ifname=NODE_IFNAME)[0])[0].get_attr("IFLA_ADDRESS"))
+
+
+def _setup_node(ipr: IPRoute, address: str, peer: str, peer_mac: str,
+                tbf_rate_bit: int | None, mtu: int) -> None:
     index = ipr.link_lookup(ifname=NODE_IFNAME)[0]
     ipr.addr("add", index=index, address=address, prefixlen=PREFIXLEN)
+    # A static neighbour: no ARP crosses the delay line, so its counters count test traffic only.
+    ipr.neigh("add", dst=peer, lladdr=peer_mac, ifindex=index, state=NUD_PERMANENT)
     if tbf_rate_bit is not None:
         # burst: rate/HZ (250 here) plus a 64 KB GSO frame; limit: ~20 ms of data.
         burst = tbf_rate_bit // 8 // 250 + 65536 + mtu
@@ -130,6 +138,7 @@ def testbed(mtu: int = 1500, tbf_rate_bit: int | None = None) -> Iterator[Testbe
         _veth_to(ipr[bed.ns_d], IN_IFNAME, bed.ns_a, mtu)
         _veth_to(ipr[bed.ns_d], OUT_IFNAME, bed.ns_b, mtu)
         prepare_delay_namespace(ipr[bed.ns_d], IN_IFNAME, OUT_IFNAME)
-        _setup_node(ipr[bed.ns_a], ADDR_A, tbf_rate_bit, mtu)
-        _setup_node(ipr[bed.ns_b], ADDR_B, None, mtu)
+        mac_a, mac_b = _mac(ipr[bed.ns_a]), _mac(ipr[bed.ns_b])
+        _setup_node(ipr[bed.ns_a], ADDR_A, ADDR_B, mac_b, tbf_rate_bit, mtu)
+        _setup_node(ipr[bed.ns_b], ADDR_B, ADDR_A, mac_a, None, mtu)
         yield bed

@@ -1,0 +1,201 @@
+"""Traffic probes for the delay line's tests and benchmark, run on a `Testbed`.
+
+Each probe makes its sockets in the namespaces (A sends, B receives or echoes) and runs the
+far end in a thread; sockets are closed whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .testbed import ADDR_B, Testbed
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # Linux; not exported by the socket module
+_STAMP = struct.Struct("=qq")  # struct timespec on 64-bit Linux
+_ECHO_HEAD = struct.Struct("!Iq")  # sequence, B's kernel receive stamp (ns, CLOCK_REALTIME)
+_SEQ = struct.Struct("!I")
+UDP_IP_HEADERS = 28
+
+
+def _receive(sock: socket.socket, start_ns: int, timeout_s: float) -> bytes:
+    while True:
+        try:
+            return sock.recv(2048)
+        except BlockingIOError:
+            if time.perf_counter_ns() - start_ns > timeout_s * 1e9:
+                raise TimeoutError("no echo reply") from None
+
+
+@dataclass(frozen=True)
+class EchoSample:
+    rtt_ns: int  # A's perf_counter around sendto .. recvfrom
+    one_way_ns: int  # B's kernel receive stamp - A's clock just before sendto
+
+
+def _kernel_stamp_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = _STAMP.unpack(data[:_STAMP.size])
+            return sec * 1_000_000_000 + nsec
+    return None
+
+
+STOP_SEQ = 0xFFFFFFFF
+
+
+@contextlib.contextmanager
+def _echo_server(bed: Testbed) -> Iterator[int]:
+    """UDP echo in B that appends B's kernel receive stamp; yields its port.
+
+    It blocks in recvmsg (no timeout: a poll+recv per datagram would add wakeups to every
+    round trip) and ends when a datagram with sequence STOP_SEQ arrives.
+    """
+    server = bed.socket(bed.ns_b)
+    server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    server.bind((ADDR_B, 0))
+
+    def serve() -> None:
+        while True:
+            data, ancdata, _, peer = server.recvmsg(2048, 256)
+            if _SEQ.unpack(data[:_SEQ.size])[0] == STOP_SEQ:
+                return
+            stamp = _kernel_stamp_ns(ancdata) or time.time_ns()
+            server.sendto(data[:4] + struct.pack("!q", stamp), peer)
+
+    thread = threading.Thread(target=serve, name="nsd-echo", daemon=True)
+    thread.start()
+    port = server.getsockname()[1]
+    try:
+        yield port
+    finally:
+        with contextlib.closing(bed.socket(bed.ns_a)) as stopper:
+            while thread.is_alive():  # the stop datagram crosses the delay line too
+                stopper.sendto(_SEQ.pack(STOP_SEQ), (ADDR_B, port))
+                thread.join(timeout=0.5)
+        server.close()
+
+
+def echo_samples(bed: Testbed, count: int, warmup: int = 20, timeout_s: float = 2.0,
+                 busy_poll: bool = False) -> list[EchoSample]:
+    """`count` sequential round trips A -> B -> A of 64-byte datagrams (after `warmup`).
+
+    busy_poll: A spins on a non-blocking socket for the reply instead of sleeping in recv, so
+    the wakeup of an idle (halted) vCPU does not land in the measured round trip.
+    """
+    samples = []
+    with _echo_server(bed) as port, contextlib.closing(bed.socket(bed.ns_a)) as client:
+        client.settimeout(0.0 if busy_poll else timeout_s)
+        for seq in range(warmup + count):
+            payload = _SEQ.pack(seq) + bytes(60)
+            sent_real = time.time_ns()
+            start = time.perf_counter_ns()
+            client.sendto(payload, (ADDR_B, port))
+            while True:  # a late reply to an earlier probe is skipped, not mistaken
+                reply = _receive(client, start, timeout_s) if busy_poll else client.recv(2048)
+                got_seq, stamp = _ECHO_HEAD.unpack(reply[:_ECHO_HEAD.size])
+                if got_seq == seq:
+                    break
+            end = time.perf_counter_ns()
+            if seq >= warmup:
+                samples.append(EchoSample(rtt_ns=end - start, one_way_ns=stamp - sent_real))
+    return samples
+
+
+def blast_send(bed: Testbed, count: int, payload_bytes: int, port: int,
+               burst: int = 32, pause_s: float = 0.0002) -> None:
+    """Send `count` datagrams carrying sequence numbers from A, in short bursts: the pause
+    only keeps B's receive buffer from overflowing, it synchronises nothing."""
+    with contextlib.closing(bed.socket(bed.ns_a)) as sender:
+        filler = bytes(payload_bytes - _SEQ.size)
+        for seq in range(count):
+            sender.sendto(_SEQ.pack(seq) + filler, (ADDR_B, port))
+            if seq % burst == burst - 1:
+                time.sleep(pause_s)
+
+
+@contextlib.contextmanager
+def blast_receiver(bed: Testbed, rcvbuf: int = 32 << 20) -> Iterator[tuple[socket.socket, int]]:
+    sock = bed.socket(bed.ns_b)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
+    sock.bind((ADDR_B, 0))
+    try:
+        yield sock, sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def blast_collect(sock: socket.socket, expect: int, timeout_s: float = 5.0) -> list[int]:
+    """Read until `expect` datagrams arrived; a gap of `timeout_s` ends it early (failure)."""
+    sock.settimeout(timeout_s)
+    seqs: list[int] = []
+    with contextlib.suppress(TimeoutError):
+        while len(seqs) < expect:
+            seqs.append(_SEQ.unpack(sock.recv(65536)[:_SEQ.size])[0])
+    return seqs
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    goodput_bps: float
+    seconds: float
+    bytes: int
+
+
+def tcp_bulk(bed: Testbed, seconds: float, warmup_s: float = 0.5,
+             sockbuf: int = 16 << 20, chunk: int = 1 << 20) -> BulkResult:
+    """One TCP flow A -> B for warmup_s + seconds; goodput over the part after warm-up."""
+    listener = bed.socket(bed.ns_b, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, sockbuf)
+    listener.bind((ADDR_B, 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    marks: list[tuple[int, int]] = []  # (perf_counter_ns, bytes so far) at each read
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                buf = bytearray(4 << 20)
+                total = 0
+                while (n := conn.recv_into(buf)) > 0:
+                    total += n
+                    marks.append((time.perf_counter_ns(), total))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=receive, name="nsd-bulk-rx", daemon=True)
+    thread.start()
+    try:
+        with contextlib.closing(bed.socket(bed.ns_a, socket.SOCK_STREAM)) as sender:
+            sender.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sockbuf)
+            sender.connect((ADDR_B, port))
+            data = memoryview(bytes(chunk))
+            end = time.perf_counter() + warmup_s + seconds
+            while time.perf_counter() < end:
+                sender.sendall(data)
+        thread.join(timeout=30)
+    finally:
+        listener.close()
+    if errors:
+        raise errors[0]
+    return _goodput(marks, warmup_s)
+
+
+def _goodput(marks: list[tuple[int, int]], warmup_s: float) -> BulkResult:
+    if len(marks) < 2:
+        raise RuntimeError("the bulk flow moved no data")
+    first_ns = marks[0][0] + int(warmup_s * 1e9)
+    start = next((m for m in marks if m[0] >= first_ns), marks[0])
+    end = marks[-1]
+    seconds = (end[0] - start[0]) / 1e9
+    moved = end[1] - start[1]
+    return BulkResult(goodput_bps=moved * 8 / seconds if seconds > 0 else 0.0,
+                      seconds=seconds, bytes=moved)

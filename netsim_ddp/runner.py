@@ -1,0 +1,277 @@
+"""One scenario, end to end: build its network, check the host can drive it, train every mode
+on it, and account for what each mode put on the wire.
+
+The order matters for trust: the all-reduce probe runs before any training, so a network this
+host cannot emulate faithfully is refused with a reason instead of producing numbers that
+measure the CPU.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .fabric import Fabric
+from .fabric.background import BackgroundBytes, BackgroundTraffic
+from .fabric.fidelity import expected_goodput
+from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
+from .scenario import Scenario
+from .workload import ModeResult, RankSpec, WorkloadError, launch
+from .workload.collective import AllreduceProbe, busbw_samples, read_probe
+from .workload.window import NODE_ENV, SIGNAL_DIR_ENV
+
+PROBE_MIN_BYTES = 8 * 2**20
+PROBE_MAX_BYTES = 64 * 2**20
+# (mode, reference mode, expected ratio of wire bytes): what compression promises, checked.
+WIRE_RATIO_CLAIMS = (("amp", "fp32", 1.0), ("amp-fp16", "fp32", 0.5), ("amp-bf16", "fp32", 0.5))
+WIRE_RATIO_TOLERANCE = 0.03
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@dataclass
+class CollectiveFidelity:
+    """The bare all-reduce probe: its bus bandwidth against what the slowest link allows."""
+
+    size_bytes: int
+    world_size: int
+    busbw_bps: float  # median over iterations
+    expected_bps: float  # the slowest link's TCP goodput
+    min_fraction: float
+
+    @property
+    def fraction(self) -> float:
+        return self.busbw_bps / self.expected_bps
+
+    @property
+    def trusted(self) -> bool:
+        return self.fraction >= self.min_fraction
+
+    @property
+    def reason(self) -> str:
+        text = (f"an all-reduce of {self.size_bytes / 2**20:.0f} MiB over {self.world_size} ranks "
+                f"reached a bus bandwidth of {self.busbw_bps / 1e6:.0f} Mbit/s, "
+                f"{self.fraction:.0%} of the {self.expected_bps / 1e6:.0f} Mbit/s the slowest "
+                f"link allows (needs >= {self.min_fraction:.0%})")
+        if self.trusted:
+            return text
+        return (text + ": this host cannot move the workload's traffic at the emulated rate, so "
+                "its results would measure the CPU, not the network. Run it on a faster host, "
+                "lower the link rate, or pass --allow-untrusted to run it anyway")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"size_bytes": self.size_bytes, "world_size": self.world_size,
+                "busbw_bps": self.busbw_bps, "expected_bps": self.expected_bps,
+                "fraction": self.fraction, "min_fraction": self.min_fraction,
+                "trusted": self.trusted, "reason": self.reason}
+
+
+@dataclass
+class ModeReport:
+    """One mode's measurements, summaries and wire accounting."""
+
+    result: ModeResult
+    wire_bytes_per_iteration: float  # training only: background traffic subtracted
+    background_bytes_per_iteration: float
+    link_bps: float
+    iteration: Summary = field(init=False)
+    comm: Summary = field(init=False)
+    compute: Summary = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.iteration = summarize(self.result.iteration_s)
+        self.comm = summarize(self.result.comm_s)
+        self.compute = summarize(self.result.compute_s)
+
+    @property
+    def scaling_efficiency(self) -> float:
+        return self.compute.median / self.iteration.median
+
+    @property
+    def ring_lower_bound_s(self) -> float:
+        return ring_allreduce_lower_bound(self.result.sent_bytes_per_iteration,
+                                          self.result.world_size, self.link_bps)
+
+    @property
+    def busbw_bps(self) -> float:
+        """Of the gradient all-reduce, from the exposed comm time (a lower bound on the real
+        all-reduce time when backward overlaps it, so this can overstate)."""
+        return bus_bandwidth(self.result.sent_bytes_per_iteration, self.comm.median,
+                             self.result.world_size)
+
+    def as_dict(self) -> dict[str, object]:
+        r = self.result
+        return {
+            "iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
+            "wire_bytes_per_iteration": self.wire_bytes_per_iteration,
+            "background_bytes_per_iteration": self.background_bytes_per_iteration,
+            "hook_bytes_per_iteration": r.sent_bytes_per_iteration,
+            "summary": {"iteration_s": self.iteration.as_dict(), "comm_s": self.comm.as_dict(),
+                        "compute_s": self.compute.as_dict()},
+            "scaling_efficiency": self.scaling_efficiency,
+            "busbw_bps": self.busbw_bps,
+            "busbw_over_link": self.busbw_bps / self.link_bps,
+            "ring_lower_bound_s": self.ring_lower_bound_s,
+            "comm_over_ring_lower_bound": (self.comm.median / self.ring_lower_bound_s
+                                           if self.ring_lower_bound_s else None),
+            "params": r.params, "world_size": r.world_size, "iterations": r.iterations,
+            "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
+            "profiler_allreduce_s": r.profiler_allreduce_s,
+        }
+
+
+@dataclass
+class ScenarioReport:
+    scenario: Scenario
+    run_id: str = ""
+    fidelity: CollectiveFidelity | None = None
+    refused: str | None = None
+    modes: dict[str, ModeReport] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.refused:
+            return "refused"
+        return "passed" if all(check.passed for check in self.checks) else "failed"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.scenario.name,
+            "file": str(self.scenario.path) if self.scenario.path else None,
+            "passed": self.passed,
+            "status": self.status,
+            "refused": self.refused,
+            "run_id": self.run_id,
+            "fidelity": self.fidelity.as_dict() if self.fidelity else None,
+            "modes": {name: report.as_dict() for name, report in self.modes.items()},
+            "checks": [check.as_dict() for check in self.checks],
+            "scenario": self.scenario.model_dump(mode="json"),
+        }
+
+
+def results_document(reports: list[ScenarioReport]) -> dict[str, object]:
+    return {"netsim_ddp": __version__, "scenarios": [report.as_dict() for report in reports]}
+
+
+def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
+    """(rate, TCP goodput) of the slowest node link, bits/s."""
+    links = [scenario.link_for(i) for i in range(scenario.topology.nodes)]
+    slowest = min(links, key=lambda link: expected_goodput(link.rate, link.mtu))
+    return slowest.rate, expected_goodput(slowest.rate, slowest.mtu)
+
+
+def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
+                 iterations: int | None = None, profile: bool = False,
+                 allow_untrusted: bool = False, timeout_s: float | None = None,
+                 progress: Progress = lambda message: None) -> ScenarioReport:
+    """Build the scenario's network, probe it, train every mode on it; everything is removed
+    before this returns, whatever happens."""
+    workload = scenario.workload
+    if workload is None:
+        raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
+                         "add a [workload] section (see README)")
+    if iterations is not None:
+        workload = workload.model_copy(update={"iterations": iterations})
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
+    report = ScenarioReport(scenario)
+    link_bps, _ = slowest_link_goodput(scenario)
+    ranks_per_node = scenario.topology.ranks_per_node
+    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
+    with Fabric(scenario) as fabric:
+        report.run_id = fabric.run_id
+        if scenario.fidelity.enabled and len(fabric.nodes) > 1:
+            progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
+            report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
+                                                timeout_s)
+            if not report.fidelity.trusted:
+                report.checks.append(Check("fidelity", False, report.fidelity.reason))
+                if not allow_untrusted:
+                    report.refused = report.fidelity.reason
+                    return report
+            else:
+                report.checks.append(Check("fidelity", True, report.fidelity.reason))
+        progress(f"{scenario.name}: training {', '.join(workload.modes)} "
+                 f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
+        signals = out / "signals"
+        signals.mkdir(parents=True, exist_ok=True)
+        spec = RankSpec(workload=workload)
+        with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic:
+            results = launch(fabric.nodes, spec, out / "train",
+                             timeout_s or _training_timeout(scenario, workload, link_bps),
+                             ranks_per_node=ranks_per_node, profile=profile,
+                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)})
+            background = traffic.stop()
+    for mode, result in results.items():
+        total, bg = _window_bytes(result, background)
+        report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
+                                        bg / result.iterations, link_bps)
+    report.checks.extend(wire_ratio_checks(report.modes))
+    return report
+
+
+def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Check]:
+    """Does each mode put on the wire what it promises, relative to fp32?"""
+    checks = []
+    for mode, reference, expected in WIRE_RATIO_CLAIMS:
+        if mode in modes and reference in modes:
+            ratio = (modes[mode].wire_bytes_per_iteration
+                     / modes[reference].wire_bytes_per_iteration)
+            ok = abs(ratio - expected) <= WIRE_RATIO_TOLERANCE
+            checks.append(Check(
+                f"wire-bytes:{mode}/{reference}", ok,
+                f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
+                f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
+    return checks
+
+
+def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
+    """(all bytes the nodes sent, background's share) within the mode's measured window."""
+    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
+    if not marks:
+        raise WorkloadError(f"mode {result.mode}: no rank reported its link counters")
+    total = sum(end["sent_bytes"] - start["sent_bytes"] for start, end in marks)
+    begin = min(start["monotonic_s"] for start, _ in marks)
+    finish = max(end["monotonic_s"] for _, end in marks)
+    return total, background.between(begin, finish)
+
+
+def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path,
+                      timeout_s: float | None) -> CollectiveFidelity:
+    size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
+    probe = AllreduceProbe(size_bytes=size)
+    spec = RankSpec(workload=scenario.workload, modes=[], allreduce_probe=probe)
+    rate, goodput = slowest_link_goodput(scenario)
+    world = scenario.topology.nodes * scenario.topology.ranks_per_node
+    ideal = ring_allreduce_lower_bound(size, world, goodput)
+    launch(fabric.nodes, spec, out, timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
+           ranks_per_node=scenario.topology.ranks_per_node)
+    result = read_probe(out)
+    busbw = summarize(busbw_samples(result)).median
+    return CollectiveFidelity(result.size_bytes, result.world_size, busbw, goodput,
+                              scenario.fidelity.min_fraction)
+
+
+def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:
+    """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s)."""
+    world = scenario.topology.nodes * scenario.topology.ranks_per_node
+    step = max(2.0, 10 * ring_allreduce_lower_bound(workload.params * 4, world, link_bps))
+    steps = len(workload.modes) * (workload.warmup + workload.iterations) * 2
+    return 120 + steps * step * workload.grad_accumulation

@@ -1,0 +1,54 @@
+"""The measured window, as the emulated network sees it.
+
+Inside an emulated node (the harness sets NETSIM_DDP_NODE), each node's local rank 0 reads its
+link's counters at the window's edges, after a barrier: every rank has then finished the previous
+all-reduce, so everything sent before has left the queues and the marks are exact. Rank 0 also
+drops a file at each edge in NETSIM_DDP_SIGNAL_DIR, which starts and stops the background
+traffic's schedule, so every mode meets the same schedule from its first measured step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+NODE_ENV = "NETSIM_DDP_NODE"
+SIGNAL_DIR_ENV = "NETSIM_DDP_SIGNAL_DIR"
+
+
+def signal_file(directory: Path | str, edge: str, mode: str) -> Path:
+    """The file rank 0 creates when a mode's measured window starts or ends."""
+    return Path(directory) / f"{edge}-{mode}"
+
+
+@contextlib.contextmanager
+def measured_window(
+    mode: str,
+    rank: int,
+    local_rank: int,
+    barrier: Callable[[], None],
+    inner: contextlib.AbstractContextManager[object],
+    marks: list[dict[str, float]],
+) -> Iterator[None]:
+    """Run the measured iterations inside `inner` (e.g. the profiler), marking both edges."""
+    signals = os.environ.get(SIGNAL_DIR_ENV)
+    measure_link = bool(os.environ.get(NODE_ENV)) and local_rank == 0
+
+    def edge(name: str) -> None:
+        barrier()
+        if measure_link:
+            from netsim_ddp.fabric.own_link import mark_own_link
+
+            mark = mark_own_link()
+            if mark is not None:
+                marks.append({"monotonic_s": mark.monotonic_s, "sent_bytes": mark.sent_bytes,
+                              "sent_packets": mark.sent_packets})
+        if signals and rank == 0:
+            signal_file(signals, name, mode).touch()
+
+    edge("start")
+    with inner:
+        yield
+    edge("end")
