@@ -1,0 +1,138 @@
+"""Real DDP training inside emulated networks: what each mode puts on the wire and costs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netsim_ddp import Scenario
+from netsim_ddp.fabric import netns
+from netsim_ddp.runner import run_scenario
+from netsim_ddp.workload import WorkloadError
+
+pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADERS = 1514 / 1448  # wire bytes per TCP payload byte at MTU 1500, full segments
+
+
+def scenario(nodes=2, ranks=1, rate="500mbit", params="2M", modes=("fp32", "amp", "amp-fp16"),
+             iterations=4, **extra):
+    return Scenario.from_dict({
+        "name": "ddp-test", "topology": {"nodes": nodes, "ranks_per_node": ranks},
+        "link": {"rate": rate},
+        "workload": {"params": params, "iterations": iterations, "warmup": 1,
+                     "batch_size": 8, "modes": list(modes)},
+        **extra,
+    })
+
+
+def fabric_namespaces():
+    """Namespaces a Fabric of these tests would make (switch and nodes n0, n1...)."""
+    from netsim_ddp.fabric.naming import parse_netns_name
+
+    return {name for name in netns.list_names()
+            if (parsed := parse_netns_name(name)) and parsed[1] in {"sw", "n0", "n1"}}
+
+
+@pytest.fixture(scope="module")
+def three_modes():
+    """One run shared by the tests that only read it: 2 nodes at 500 Mbit/s, 2M params."""
+    return run_scenario(scenario())
+
+
+def test_mixed_precision_on_the_wire(three_modes):
+    report = three_modes
+    assert report.status == "passed", [c.as_dict() for c in report.checks]
+    fp32, amp, fp16 = (report.modes[m] for m in ("fp32", "amp", "amp-fp16"))
+    assert amp.wire_bytes_per_iteration / fp32.wire_bytes_per_iteration == pytest.approx(1, abs=0.03)
+    assert fp16.wire_bytes_per_iteration / fp32.wire_bytes_per_iteration == pytest.approx(0.5, abs=0.03)
+    # The kernel's count agrees with what the comm hook handed to gloo: with 2 ranks each node
+    # sends the whole buffer once (ring factor 1), plus TCP/IP/Ethernet headers.
+    for mode in (fp32, amp, fp16):
+        expected = 2 * mode.result.sent_bytes_per_iteration * HEADERS
+        assert mode.wire_bytes_per_iteration == pytest.approx(expected, rel=0.03)
+    # Half the bytes, and the link is the bottleneck: the exposed communication follows.
+    assert fp16.comm.median < 0.8 * fp32.comm.median
+    assert {c.name for c in report.checks} >= {"fidelity", "wire-bytes:amp/fp32",
+                                               "wire-bytes:amp-fp16/fp32"}
+
+
+def test_results_json_carries_the_promised_keys(three_modes):
+    from netsim_ddp.runner import results_document
+
+    document = json.loads(json.dumps(results_document([three_modes])))
+    (entry,) = document["scenarios"]
+    assert entry["name"] == "ddp-test" and entry["passed"] is True
+    for mode in ("fp32", "amp", "amp-fp16"):
+        data = entry["modes"][mode]
+        assert len(data["iteration_s"]) == len(data["comm_s"]) == len(data["compute_s"]) == 4
+        assert data["wire_bytes_per_iteration"] > 0
+        assert all(c >= 0 for c in data["comm_s"])
+    assert all({"name", "passed", "detail"} <= set(check) for check in entry["checks"])
+
+
+def test_busbw_and_ring_bound_are_reported(three_modes):
+    fp32 = three_modes.modes["fp32"].as_dict()
+    # From exposed comm: between the ring lower bound and a few times it on a shaped link.
+    assert 0.5 <= fp32["busbw_over_link"] <= 1.1
+    assert 0.9 <= fp32["comm_over_ring_lower_bound"] <= 2.0
+
+
+def test_ranks_sharing_a_nic_and_background_traffic_are_accounted():
+    contended = scenario(ranks=2, params="1M", modes=("fp32", "amp-fp16"), background=[
+        {"source": "n1", "destination": "n0", "on": "50ms", "off": "50ms", "rate": "100mbit"}])
+    report = run_scenario(contended)
+    assert report.status == "passed", [c.as_dict() for c in report.checks]
+    fp32, fp16 = report.modes["fp32"], report.modes["amp-fp16"]
+    assert fp32.result.world_size == 4
+    assert fp32.background_bytes_per_iteration > 0 and fp16.background_bytes_per_iteration > 0
+    ratio = fp16.wire_bytes_per_iteration / fp32.wire_bytes_per_iteration
+    assert ratio == pytest.approx(0.5, abs=0.03)  # background traffic subtracted exactly
+
+
+def test_profiler_agrees_with_exposed_comm_time(tmp_path):
+    report = run_scenario(scenario(modes=("fp32",), iterations=4), out_dir=tmp_path,
+                          profile=True)
+    fp32 = report.modes["fp32"]
+    profiled = sorted(fp32.result.profiler_allreduce_s)
+    median_profiled = profiled[len(profiled) // 2]
+    # One 8 MB bucket, all-reduced after backward ends: nothing hides it, so the all-reduce
+    # the profiler records is the exposed communication, within the noise of the host.
+    assert 0.7 <= median_profiled / fp32.comm.median <= 1.4
+    assert list(tmp_path.rglob("trace-rank*-fp32.json"))
+
+
+def test_a_crashing_rank_ends_the_run_and_leaves_nothing(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "workload"))
+    names_before = fabric_namespaces()
+    broken = scenario(modes=("fp32",), fidelity={"enabled": False})
+    broken = broken.model_copy(update={"workload": broken.workload.model_copy(
+        update={"model": "workload_factories:explode_on_rank1"})})
+    with pytest.raises(WorkloadError, match=r"node n1 failed first(.|\n)*exploded on purpose"):
+        run_scenario(broken, timeout_s=120)
+    assert fabric_namespaces() == names_before
+
+
+def test_10gbe_is_refused_where_the_host_cannot_drive_it():
+    report = run_scenario(Scenario.load(ROOT / "scenarios" / "10gbe.toml"), iterations=2)
+    fidelity = report.fidelity
+    if fidelity.trusted:
+        pytest.skip(f"this host drives 10 Gbit/s all-reduce faithfully: {fidelity.reason}")
+    assert report.status == "refused" and not report.modes
+    assert "cannot move the workload's traffic" in report.refused
+
+
+def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "netsim_ddp.cli", "run", str(ROOT / "scenarios" / "10gbe.toml"),
+         "--json", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=300)
+    document = json.loads((tmp_path / "out.json").read_text())
+    (entry,) = document["scenarios"]
+    if entry["status"] != "refused":
+        pytest.skip("this host drives 10 Gbit/s all-reduce faithfully")
+    assert result.returncode == 1
+    assert "refused" in result.stdout + result.stderr and entry["passed"] is False
