@@ -16,8 +16,10 @@ from .units import format_duration, format_rate, format_size
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# Logs (CI, files) are not terminals: give tables room rather than rich's default 80 columns.
+_LOG_WIDTH = 120
+out = Console(highlight=False, width=None if sys.stdout.isatty() else _LOG_WIDTH)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else _LOG_WIDTH)
 
 
 def _fail(message: str, code: int) -> None:

@@ -8,22 +8,25 @@ Both ends sample their TCP counters (TCP_INFO) as they run and report the series
 so the bytes background traffic put on the wire in any window can be told apart from the
 training's.
 
-    python -m netsim_ddp.fabric.background sink
-    python -m netsim_ddp.fabric.background send ADDR PORT FLOW_JSON
+    python -m netsim_ddp.fabric.background sink ADDR REPORT
+    python -m netsim_ddp.fabric.background send ADDR PORT FLOW_JSON REPORT [--signals DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import os
 import json
 import random
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +37,7 @@ from ..scenario import ETHERNET_HEADER, BackgroundFlow
 # What tc counts for each segment besides its payload: Ethernet 14, IPv4 20, TCP 20 with the
 # timestamp option 12 (Linux turns it on by default).
 WIRE_HEADERS = ETHERNET_HEADER + 52
-SAMPLE_EVERY_S = 0.01
+SAMPLE_EVERY_S = 0.02
 SIGNAL_POLL_S = 0.001
 _TCPI_SEGS_OUT = 136  # offsets in struct tcp_info (linux/tcp.h)
 _TCPI_BYTES_SENT = 200
@@ -101,13 +104,19 @@ class _WireMeter:
             (bytes_sent,) = struct.unpack_from("Q", info, _TCPI_BYTES_SENT)
             self.points.append((now, bytes_sent + WIRE_HEADERS * segs_out))
 
-    def report_and_reset(self) -> None:
-        """Print the series, then reset the connection: a graceful close would still send
+    def report_and_reset(self, report: Path) -> None:
+        """Write the series, then reset the connection: a graceful close would still send
         what sits in the send buffer (megabytes) after the last sample."""
         self.sample(force=True)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
-        print(json.dumps({"series": self.points}), flush=True)
+        _write_report(report, self.points)
+
+
+def _write_report(report: Path, points: list[tuple[float, int]]) -> None:
+    partial = report.with_suffix(".partial")
+    partial.write_text(json.dumps(points))
+    partial.rename(report)  # whole or absent, never half-written
 
 
 class BackgroundTraffic:
@@ -119,7 +128,8 @@ class BackgroundTraffic:
         self.fabric = fabric
         self.flows = flows
         self.signals = signals
-        self._running: list[tuple[subprocess.Popen, subprocess.Popen]] = []
+        self._reports = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
+        self._running: list[tuple[str, subprocess.Popen, Path]] = []
 
     def __enter__(self) -> BackgroundTraffic:
         try:
@@ -130,29 +140,45 @@ class BackgroundTraffic:
             raise
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+    def __exit__(self, exc_type, *_exc) -> None:
+        if exc_type is None:
+            self.stop()
+        else:  # already failing: stop everything, without masking that error
+            with contextlib.suppress(RuntimeError):
+                self.stop()
 
     def _start(self, flow: BackgroundFlow) -> None:
         source, destination = self.fabric.node(flow.source), self.fabric.node(flow.destination)
         command = [sys.executable, "-m", __name__]
-        sink = destination.popen([*command, "sink", destination.address],
+        index = len(self._running)
+        sink_report = self._reports / f"{index}-sink.json"
+        sink = destination.popen([*command, "sink", destination.address, str(sink_report)],
                                  stdout=subprocess.PIPE, text=True)
+        self._running.append((f"sink in {destination.name}", sink, sink_report))
         port = _read_line(sink, "sink")
         signals = ["--signals", str(self.signals)] if self.signals else []
+        sender_report = self._reports / f"{index}-sender.json"
         sender = source.popen([*command, "send", destination.address, port,
-                               flow.model_dump_json(), *signals],
+                               flow.model_dump_json(), str(sender_report), *signals],
                               stdout=subprocess.PIPE, text=True)
-        self._running.append((sender, sink))
+        self._running.insert(-1, (f"sender in {source.name}", sender, sender_report))
         _read_line(sender, "sender")  # connected
 
     def stop(self) -> BackgroundBytes:
         """Stop every flow; what all their ends put on the wire, over time."""
-        series = []
-        for sender, sink in self._running:
-            for process in (sender, sink):
-                series.append(tuple(tuple(point) for point in _stop(process).get("series", [])))
-        self._running.clear()
+        running, self._running = self._running, []
+        for _, process, _ in running:  # senders first: each precedes its sink
+            _terminate(process)
+        series, missing = [], []
+        for role, _, report in running:
+            try:
+                series.append(tuple(tuple(point) for point in json.loads(report.read_text())))
+            except (OSError, ValueError):
+                missing.append(role)
+        shutil.rmtree(self._reports, ignore_errors=True)
+        if missing:
+            raise RuntimeError(f"background traffic: {', '.join(missing)} did not report its "
+                               "counters, so its bytes cannot be told from the training's")
         return BackgroundBytes(tuple(series))
 
 
@@ -165,16 +191,14 @@ def _read_line(process: subprocess.Popen, role: str) -> str:
     return line
 
 
-def _stop(process: subprocess.Popen) -> dict[str, list]:
+def _terminate(process: subprocess.Popen) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
-        out, _ = process.communicate(timeout=10)
+        process.communicate(timeout=10)
     except subprocess.TimeoutExpired:
         process.kill()
-        out, _ = process.communicate()
-    lines = [line for line in (out or "").splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
+        process.communicate()
 
 
 # -- the two ends, run inside the nodes ------------------------------------------------------
@@ -187,7 +211,7 @@ def _raise_stop(*_args) -> None:
     raise _Stop
 
 
-def _sink(address: str) -> None:
+def _sink(address: str, report: Path) -> None:
     listener = socket.create_server((address, 0))
     print(listener.getsockname()[1], flush=True)
     meter = None
@@ -200,12 +224,13 @@ def _sink(address: str) -> None:
     except (_Stop, ConnectionError):  # stopped, or the sender reset the connection first
         pass
     if meter is None:
-        print(json.dumps({"series": []}), flush=True)
+        _write_report(report, [])
     else:
-        meter.report_and_reset()
+        meter.report_and_reset(report)
 
 
-def _send(address: str, port: int, flow: BackgroundFlow, signals: Path | None) -> None:
+def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
+          signals: Path | None) -> None:
     sock = socket.create_connection((address, port), timeout=30)
     sock.settimeout(None)
     meter = _WireMeter(sock)
@@ -222,7 +247,7 @@ def _send(address: str, port: int, flow: BackgroundFlow, signals: Path | None) -
                 _follow_schedule(sock, meter, flow, stopped=end.exists)
     except (_Stop, ConnectionError):
         pass
-    meter.report_and_reset()
+    meter.report_and_reset(report)
 
 
 def _wait_for_window(signals: Path, seen: set[str]) -> str:
@@ -267,19 +292,21 @@ def _main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="role", required=True)
     sink = sub.add_parser("sink")
     sink.add_argument("address")
+    sink.add_argument("report", type=Path, help="where to write the counters when stopped")
     send = sub.add_parser("send")
     send.add_argument("address")
     send.add_argument("port", type=int)
     send.add_argument("flow", help="the BackgroundFlow as JSON")
+    send.add_argument("report", type=Path, help="where to write the counters when stopped")
     send.add_argument("--signals", type=Path, default=None,
                       help="follow the schedule only inside measured windows signalled here")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_stop)
     if args.role == "sink":
-        _sink(args.address)
+        _sink(args.address, args.report)
     else:
         _send(args.address, args.port, BackgroundFlow.model_validate_json(args.flow),
-              args.signals)
+              args.report, args.signals)
 
 
 if __name__ == "__main__":
