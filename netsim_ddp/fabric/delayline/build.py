@@ -64,7 +64,8 @@ def build_binary() -> Path:
             return _compile(compiler, directory, target)
         except OSError as exc:  # not writable: try the next place
             errors.append(f"{directory}: {exc}")
-    raise DelayLineBuildError("no writable cache directory for the delay line: " + "; ".join(errors))
+    raise DelayLineBuildError(
+        "no writable cache directory for the delay line: " + "; ".join(errors))
 
 
 def _compile(compiler: str, directory: Path, target: Path) -> Path:

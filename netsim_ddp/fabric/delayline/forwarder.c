@@ -51,7 +51,7 @@ enum dist { DIST_UNIFORM, DIST_NORMAL, DIST_PARETO, DIST_PARETONORMAL };
 
 struct options {
     const char *in_if, *out_if;
-    int64_t delay_ns, jitter_ns, spin_ns;
+    int64_t delay_ns, jitter_ns, spin_ns, rcvbuf;
     double loss; /* probability 0..1 */
     enum dist dist;
     uint64_t seed;
@@ -79,11 +79,13 @@ static void parse_options(int argc, char **argv, struct options *o) {
         {"dist", required_argument, 0, 'D'},     {"loss", required_argument, 0, 'l'},
         {"seed", required_argument, 0, 's'},     {"queue-bytes", required_argument, 0, 'q'},
         {"spin-ns", required_argument, 0, 'S'},  {"rt-priority", required_argument, 0, 'r'},
-        {"segment", required_argument, 0, 'g'},  {0, 0, 0, 0}};
+        {"segment", required_argument, 0, 'g'},  {"rcvbuf", required_argument, 0, 'b'},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->queue_bytes = 64ull << 20;
     o->spin_ns = 200000; /* cap on the learnt spin */
     o->segment = -1;
+    o->rcvbuf = 1 << 20; /* the kernel doubles it */
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
@@ -97,6 +99,7 @@ static void parse_options(int argc, char **argv, struct options *o) {
         case 'S': o->spin_ns = strtoll(optarg, NULL, 10); break;
         case 'r': o->rt_priority = atoi(optarg); break;
         case 'g': o->segment = atoi(optarg); break;
+        case 'b': o->rcvbuf = strtoll(optarg, NULL, 10); break;
         case 'D':
             if (!strcmp(optarg, "uniform")) o->dist = DIST_UNIFORM;
             else if (!strcmp(optarg, "normal")) o->dist = DIST_NORMAL;
@@ -221,7 +224,7 @@ static struct pkt *heap_pop(void) {
 
 static struct {
     uint64_t received, received_bytes, forwarded, forwarded_bytes;
-    uint64_t dropped_loss, dropped_queue_full, dropped_truncated, tx_errors;
+    uint64_t dropped_loss, dropped_queue_full, dropped_socket, dropped_truncated, tx_errors;
     uint64_t segmented_frames, segments_made, late_over_hist;
     int64_t late_max_ns;
     uint64_t queued_bytes, queued_bytes_max;
@@ -378,6 +381,10 @@ static void enqueue_frame(const uint8_t *buf, uint32_t len, int64_t due) {
 
 static int open_packet_socket(const char *ifname, int for_rx) {
     int fd = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, 0), one = 1, big = 32 << 20;
+    /* The receive buffer is a queue in front of the delay: frames wait there only when this
+     * process falls behind (CPU-bound), and that wait shows up as lateness. Kept moderate so
+     * an overloaded host drops (dropped_socket) instead of silently adding delay. */
+    int rcvbuf = (int)opt.rcvbuf;
     if (fd < 0) die("socket(AF_PACKET) (needs CAP_NET_RAW in the delay namespace)");
     if (setsockopt(fd, SOL_PACKET, PACKET_VNET_HDR, &one, sizeof(one))) die("PACKET_VNET_HDR");
     unsigned ifindex = if_nametoindex(ifname);
@@ -389,8 +396,8 @@ static int open_packet_socket(const char *ifname, int for_rx) {
         /* Frames the kernel redirects out of IN (the reverse path) are not ours to delay. */
         if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof(one)))
             die("PACKET_IGNORE_OUTGOING");
-        if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof(big)))
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)))
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
         if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one))) die("SO_TIMESTAMPNS");
     } else if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big))) {
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
@@ -520,19 +527,27 @@ static inline int64_t spin_ns(void) {
     return spin < opt.spin_ns ? spin : opt.spin_ns;
 }
 
+static uint64_t socket_drops(int fd) {
+    struct tpacket_stats ps;
+    socklen_t len = sizeof(ps);
+    if (getsockopt(fd, SOL_PACKET, PACKET_STATISTICS, &ps, &len)) return 0;
+    return ps.tp_drops; /* since the last call: the caller accumulates */
+}
+
 static volatile sig_atomic_t stop;
 static void on_signal(int sig) { (void)sig; stop = 1; }
 
 static void print_stats(void) {
     printf("{\"event\": \"stats\", \"received\": %llu, \"received_bytes\": %llu, "
            "\"forwarded\": %llu, \"forwarded_bytes\": %llu, \"dropped_loss\": %llu, "
-           "\"dropped_queue_full\": %llu, \"dropped_truncated\": %llu, \"tx_errors\": %llu, "
+           "\"dropped_queue_full\": %llu, \"dropped_socket\": %llu, \"dropped_truncated\": %llu, \"tx_errors\": %llu, "
            "\"segmented_frames\": %llu, \"segments_made\": %llu, \"queued_at_exit\": %zu, "
            "\"queued_bytes_max\": %llu, \"late_p50_us\": %.0f, \"late_p99_us\": %.0f, "
            "\"late_max_us\": %.1f, \"spin_us\": %.1f}\n",
            (unsigned long long)st.received, (unsigned long long)st.received_bytes,
            (unsigned long long)st.forwarded, (unsigned long long)st.forwarded_bytes,
            (unsigned long long)st.dropped_loss, (unsigned long long)st.dropped_queue_full,
+           (unsigned long long)st.dropped_socket,
            (unsigned long long)st.dropped_truncated, (unsigned long long)st.tx_errors,
            (unsigned long long)st.segmented_frames, (unsigned long long)st.segments_made,
            heap_n, (unsigned long long)st.queued_bytes_max, late_quantile_us(0.5),
@@ -597,6 +612,7 @@ int main(int argc, char **argv) {
         if (r == 0 && wake_at) learn_wakeup(clock_ns(CLOCK_MONOTONIC) - wake_at);
         if (r > 0) receive_batch(rx);
     }
+    st.dropped_socket += socket_drops(rx);
     print_stats();
     return 0;
 }

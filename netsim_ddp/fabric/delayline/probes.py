@@ -108,36 +108,42 @@ def echo_samples(bed: Testbed, count: int, warmup: int = 20, timeout_s: float = 
     return samples
 
 
-def blast_send(bed: Testbed, count: int, payload_bytes: int, port: int,
-               burst: int = 32, pause_s: float = 0.0002) -> None:
-    """Send `count` datagrams carrying sequence numbers from A, in short bursts: the pause
-    only keeps B's receive buffer from overflowing, it synchronises nothing."""
-    with contextlib.closing(bed.socket(bed.ns_a)) as sender:
-        filler = bytes(payload_bytes - _SEQ.size)
-        for seq in range(count):
-            sender.sendto(_SEQ.pack(seq) + filler, (ADDR_B, port))
-            if seq % burst == burst - 1:
-                time.sleep(pause_s)
-
-
-@contextlib.contextmanager
-def blast_receiver(bed: Testbed, rcvbuf: int = 32 << 20) -> Iterator[tuple[socket.socket, int]]:
-    sock = bed.socket(bed.ns_b)
-    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)
-    sock.bind((ADDR_B, 0))
-    try:
-        yield sock, sock.getsockname()[1]
-    finally:
-        sock.close()
-
-
-def blast_collect(sock: socket.socket, expect: int, timeout_s: float = 5.0) -> list[int]:
-    """Read until `expect` datagrams arrived; a gap of `timeout_s` ends it early (failure)."""
-    sock.settimeout(timeout_s)
+def udp_blast(bed: Testbed, count: int, payload_bytes: int, markers: int = 64,
+              burst: int = 32, pause_s: float = 0.0002, timeout_s: float = 10.0) -> list[int]:
+    """Send `count` sequence-numbered datagrams A -> B, then `markers` end markers (numbered
+    from `count` up: with loss, some get through all the same). B reads until the first marker
+    arrives and returns the data sequence numbers in arrival order. Bursts with short pauses
+    keep the sender from overrunning B's receive buffer; they synchronise nothing.
+    """
+    receiver = bed.socket(bed.ns_b)
+    receiver.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+    receiver.bind((ADDR_B, 0))
+    receiver.settimeout(timeout_s)  # a failure guard: a marker always arrives in time
+    port = receiver.getsockname()[1]
     seqs: list[int] = []
-    with contextlib.suppress(TimeoutError):
-        while len(seqs) < expect:
-            seqs.append(_SEQ.unpack(sock.recv(65536)[:_SEQ.size])[0])
+    errors: list[BaseException] = []
+
+    def collect() -> None:
+        try:
+            while (seq := _SEQ.unpack(receiver.recv(65536)[:_SEQ.size])[0]) < count:
+                seqs.append(seq)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=collect, name="nsd-blast-rx", daemon=True)
+    thread.start()
+    try:
+        with contextlib.closing(bed.socket(bed.ns_a)) as sender:
+            filler = bytes(payload_bytes - _SEQ.size)
+            for seq in range(count + markers):
+                sender.sendto(_SEQ.pack(seq) + filler, (ADDR_B, port))
+                if seq % burst == burst - 1:
+                    time.sleep(pause_s)
+        thread.join()
+    finally:
+        receiver.close()
+    if errors:
+        raise errors[0]
     return seqs
 
 

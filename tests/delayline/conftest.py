@@ -1,0 +1,49 @@
+"""Fixtures for the delay line's tests: they build real namespaces, so they need root."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.delayline import DelayLineBuildError, build_binary
+from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
+
+
+@pytest.fixture(scope="session")
+def forwarder_binary():
+    try:
+        return build_binary()
+    except DelayLineBuildError as exc:
+        pytest.skip(f"cannot build the delay line forwarder: {exc}")
+
+
+@pytest.fixture(scope="session")
+def as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the delay line tests create namespaces and AF_PACKET sockets: run as root")
+
+
+def _leftovers(bed: Testbed) -> list[str]:
+    return [name for name in netns.list_names() if name.startswith(f"nsd{bed.run_id}-")]
+
+
+def _bed(**kwargs) -> Iterator[Testbed]:
+    with testbed(**kwargs) as bed:
+        yield bed
+    leftover = _leftovers(bed)
+    assert not leftover, f"namespaces left behind: {leftover}"
+
+
+@pytest.fixture
+def bed(as_root, forwarder_binary) -> Iterator[Testbed]:
+    """A -> D(forwarder) -> B at MTU 1500; removed (and checked removed) afterwards."""
+    yield from _bed()
+
+
+@pytest.fixture
+def capped_bed(as_root, forwarder_binary) -> Iterator[Testbed]:
+    """As `bed`, with tbf capping A.eth0 at 500 Mbit/s."""
+    yield from _bed(tbf_rate_bit=500_000_000)
