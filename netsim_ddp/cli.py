@@ -78,7 +78,8 @@ def check(json_out: str | None) -> None:
         ("bridge", caps.bridge, "the switch"),
         ("tbf qdisc", caps.tbf, "rate limits"),
         ("htb qdisc", caps.htb, "(optional) class-based shaping"),
-        ("netem qdisc", caps.netem, "delay, jitter, loss"),
+        ("netem qdisc", caps.netem, "delay, jitter, loss (in the kernel)"),
+        ("delay line", caps.delay_line, "delay, jitter, loss where netem is missing"),
         ("ifb", caps.ifb, "(optional) ingress shaping"),
         ("clsact", caps.clsact, "(optional) classifiers"),
         ("torch", torch_info["torch"] or False, "DDP workloads"),
@@ -92,7 +93,11 @@ def check(json_out: str | None) -> None:
     if caps.error:
         err.print(f"[red]{caps.error}[/]")
     if not caps.netem and caps.can_build:
-        _human(json_out).print("netem is missing: scenarios with delay, jitter or loss cannot run here.")
+        _human(json_out).print(
+            "netem is missing: delay, jitter and loss run through the userspace delay line"
+            if caps.delay_line else
+            f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
+            "scenarios with delay, jitter or loss cannot run here")
     _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info})
     sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
 

@@ -141,6 +141,8 @@ class ScenarioReport:
     refused: str | None = None
     modes: dict[str, ModeReport] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
+    delay_backends: dict[str, str | None] = field(default_factory=dict)
+    delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -161,6 +163,8 @@ class ScenarioReport:
             "refused": self.refused,
             "run_id": self.run_id,
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
+            "network": {"delay_backends": self.delay_backends,
+                        "delay_line": self.delay_line_stats},
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
             "checks": [check.as_dict() for check in self.checks],
             "scenario": self.scenario.model_dump(mode="json"),
@@ -193,21 +197,41 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
     report = ScenarioReport(scenario)
     link_bps, _ = slowest_link_goodput(scenario)
-    ranks_per_node = scenario.topology.ranks_per_node
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
-    with Fabric(scenario) as fabric:
+    fabric = Fabric(scenario)
+    try:
+        trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
+                         timeout_s, progress)
+    finally:  # the delay line's counters are final once the fabric is gone
+        report.delay_line_stats = fabric.delay_line_stats
+    if trained is None:
+        return report
+    results, background = trained
+    for mode, result in results.items():
+        total, bg = _window_bytes(result, background)
+        report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
+                                        bg / result.iterations, link_bps)
+    report.checks.extend(wire_ratio_checks(report.modes))
+    return report
+
+
+def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
+           profile: bool, allow_untrusted: bool, timeout_s: float | None,
+           progress: Progress) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+    """Inside the built fabric: the probe, then every mode. None if the probe refused."""
+    link_bps, _ = slowest_link_goodput(scenario)
+    with fabric:
         report.run_id = fabric.run_id
+        report.delay_backends = fabric.delay_backends
         if scenario.fidelity.enabled and len(fabric.nodes) > 1:
             progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
             report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
                                                 timeout_s)
-            if not report.fidelity.trusted:
-                report.checks.append(Check("fidelity", False, report.fidelity.reason))
-                if not allow_untrusted:
-                    report.refused = report.fidelity.reason
-                    return report
-            else:
-                report.checks.append(Check("fidelity", True, report.fidelity.reason))
+            trusted = report.fidelity.trusted
+            report.checks.append(Check("fidelity", trusted, report.fidelity.reason))
+            if not trusted and not allow_untrusted:
+                report.refused = report.fidelity.reason
+                return None
         progress(f"{scenario.name}: training {', '.join(workload.modes)} "
                  f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
         signals = out / "signals"
@@ -216,15 +240,9 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic:
             results = launch(fabric.nodes, spec, out / "train",
                              timeout_s or _training_timeout(scenario, workload, link_bps),
-                             ranks_per_node=ranks_per_node, profile=profile,
+                             ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
                              env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)})
-            background = traffic.stop()
-    for mode, result in results.items():
-        total, bg = _window_bytes(result, background)
-        report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
-                                        bg / result.iterations, link_bps)
-    report.checks.extend(wire_ratio_checks(report.modes))
-    return report
+            return results, traffic.stop()
 
 
 def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Check]:

@@ -73,6 +73,10 @@ def queue_limit_bytes(limit: int | str | None, frame_bytes: int) -> int:
     return units.parse_size(limit)
 
 
+JitterDistribution = Literal["uniform", "normal", "pareto", "paretonormal"]
+DelayBackend = Literal["auto", "netem", "delay-line"]
+
+
 class ScenarioError(ValueError):
     """A scenario that cannot be used: names the file, the field and the reason."""
 
@@ -94,6 +98,9 @@ class LinkShape(_Strict):
     delay: Duration | None = Field(None, description="One-way delay added on each direction.")
     jitter: Duration | None = Field(None, description="Random variation of the delay (+-).")
     loss: Percent | None = Field(None, description="Probability that a packet is dropped.")
+    jitter_distribution: JitterDistribution | None = Field(
+        None, description="How the delay varies within +-jitter: uniform (default), normal, "
+        "pareto or paretonormal, as netem offers.")
     queue_limit: QueueLimit | None = Field(
         None, description="Queue in front of the link: packets (int) or bytes ('2MiB')."
     )
@@ -124,7 +131,11 @@ class LinkConfig(LinkShape):
     delay: Duration = 0.0
     jitter: Duration = 0.0
     loss: Percent = 0.0
+    jitter_distribution: JitterDistribution = "uniform"
     mtu: int = Field(1500, ge=68, le=65535, description="MTU of every NIC and the switch.")
+    delay_backend: DelayBackend = Field(
+        "auto", description="What applies delay, jitter and loss: the kernel's netem, or the "
+        "userspace delay line (for kernels without netem); auto picks netem where it exists.")
     override: list[LinkOverride] = Field(default_factory=list)
 
 
@@ -135,11 +146,12 @@ class EffectiveLink(_Strict):
     delay: float
     jitter: float
     loss: float
+    jitter_distribution: JitterDistribution
     queue_limit_bytes: int
     mtu: int
 
     @property
-    def needs_netem(self) -> bool:
+    def impaired(self) -> bool:
         return self.delay > 0 or self.jitter > 0 or self.loss > 0
 
 
@@ -258,7 +270,7 @@ class Scenario(_Strict):
         """The link of one node (index or name), overrides applied."""
         names = self.topology.node_names
         index = _node_index(node, names, "node")
-        merged = self.link.model_dump(exclude={"override", "queue_limit"})
+        merged = self.link.model_dump(exclude={"override", "queue_limit", "delay_backend"})
         merged["queue_limit"] = self.link.queue_limit
         for override in self.link.override:
             if _node_index(override.node, names, "override") == index:
@@ -267,6 +279,7 @@ class Scenario(_Strict):
         return EffectiveLink(
             rate=merged["rate"], delay=merged["delay"], jitter=merged["jitter"],
             loss=merged["loss"], mtu=merged["mtu"],
+            jitter_distribution=merged["jitter_distribution"],
             queue_limit_bytes=queue_limit_bytes(merged.pop("queue_limit"), frame),
         )
 

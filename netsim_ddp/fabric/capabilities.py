@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import dataclasses
 from dataclasses import asdict, dataclass
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import naming, netns, privilege
+from . import delayline, naming, netns, privilege
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class Capabilities:
     netem: bool
     ifb: bool
     clsact: bool
+    delay_line: bool = False  # the userspace stand-in for netem could be built
     error: str | None = None  # why namespaces cannot be made, if they cannot
+    delay_line_error: str | None = None
 
     @property
     def can_build(self) -> bool:
@@ -64,10 +67,15 @@ def probe_capabilities() -> Capabilities:
         return Capabilities(mode, *([False] * 8), error=str(exc))
     try:
         with netns.entered(name), IPRoute() as ipr:
-            return _probe_kernel(ipr, mode)
+            kernel = _probe_kernel(ipr, mode)
     finally:
         netns.remove(name)
         lock.release()
+    try:
+        delayline.build_binary()
+    except delayline.DelayLineBuildError as exc:
+        return dataclasses.replace(kernel, delay_line_error=str(exc))
+    return dataclasses.replace(kernel, delay_line=True)
 
 
 def _probe_kernel(ipr: IPRoute, mode: str) -> Capabilities:

@@ -23,8 +23,9 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from ..scenario import Scenario
-from . import naming, netns, privilege
+from . import delayline, naming, netns, privilege
 from .capabilities import probe_capabilities
+from .errors import FabricError
 from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
 
 # Where per-run subnets are drawn from when the scenario names none.
@@ -34,10 +35,8 @@ LOOPBACK_INDEX = 1
 ETH0_INDEX = 2  # in each node's namespace
 BRIDGE_INDEX = 2  # in the switch's namespace
 FIRST_PORT_INDEX = 10  # switch port of node i: FIRST_PORT_INDEX + i
-
-
-class FabricError(RuntimeError):
-    """The fabric cannot be built on this host; the message says what is missing."""
+DELAY_IN, DELAY_IN_INDEX = "in", 2  # in a delay line's namespace: from the node
+DELAY_OUT = "out"  # ...and toward the switch (index 3)
 
 
 @dataclass(frozen=True)
@@ -92,18 +91,13 @@ class Fabric:
         self._stack: contextlib.ExitStack | None = None
         self._iproutes: dict[str, IPRoute] = {}
         self._processes: list[subprocess.Popen] = []
+        self.delay_line_stats: dict[str, dict[str, object]] = {}  # filled when it closes
 
     # -- lifetime ---------------------------------------------------------------------------
 
     def __enter__(self) -> Fabric:
-        privilege.ensure_network_privilege()
-        plan = plan_fabric(self.scenario, self.run_id, self._choose_subnet())
-        if plan.needs_netem and not probe_capabilities().netem:
-            raise FabricError(
-                f"scenario {self.scenario.name!r} asks for delay, jitter or loss, which needs the "
-                "kernel's netem qdisc (sch_netem, CONFIG_NET_SCH_NETEM); this kernel has none. "
-                "Remove link.delay/jitter/loss or run on a kernel with netem."
-            )
+        mode = privilege.ensure_network_privilege()
+        plan = self._plan()
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(_signals_raise())
@@ -121,6 +115,9 @@ class Fabric:
             self._build_switch(plan)
             for node in plan.nodes:
                 self._build_node(plan, node)
+            for node in plan.nodes:
+                if node.delay_backend == "delay-line":
+                    self._start_delay_line(stack, node, rt_priority=10 if mode == "root" else 0)
         except BaseException:
             stack.close()
             raise
@@ -140,6 +137,22 @@ class Fabric:
 
     # -- building ---------------------------------------------------------------------------
 
+    def _plan(self) -> FabricPlan:
+        """The plan, with delay backends chosen by what this host has; checked before any
+        kernel object exists."""
+        impaired = any(self.scenario.link_for(i).impaired
+                       for i in range(self.scenario.topology.nodes))
+        netem = impaired and self.scenario.link.delay_backend != "delay-line" \
+            and probe_capabilities().netem
+        plan = plan_fabric(self.scenario, self.run_id, self._choose_subnet(), netem)
+        if any(node.delay_backend == "delay-line" for node in plan.nodes):
+            try:
+                delayline.build_binary()
+            except delayline.DelayLineBuildError as exc:
+                raise FabricError(f"scenario {self.scenario.name!r} needs the delay line "
+                                  f"(no netem here), which cannot be built: {exc}") from None
+        return plan
+
     def _choose_subnet(self) -> ipaddress.IPv4Network:
         """The scenario's subnet, or a /24 drawn per run that the host itself doesn't use.
 
@@ -158,8 +171,10 @@ class Fabric:
                 return subnet
         raise FabricError(f"no free /24 in {SUBNET_POOL}; set topology.subnet in the scenario")
 
-    # Interface indexes are chosen, not looked up: the namespaces are fresh (only lo, index 1,
-    # exists), and a lookup per interface dumps every link, which doubled the build time.
+    # Interface indexes are known, not looked up (a lookup dumps every link, which doubled the
+    # build time): the namespaces are fresh, only lo (index 1) exists, so the first interface
+    # made in one gets index 2, the next 3. The kernel honours a requested index; pyroute2
+    # does not pass one for a veth's peer, so peers get theirs by that creation order.
     def _build_switch(self, plan: FabricPlan) -> None:
         ipr = self._iproutes[plan.switch_netns]
         ipr.link("add", index=BRIDGE_INDEX, ifname=plan.bridge, kind="bridge", mtu=plan.mtu)
@@ -168,14 +183,14 @@ class Fabric:
     def _build_node(self, plan: FabricPlan, node: NodePlan) -> None:
         switch = self._iproutes[plan.switch_netns]
         port = FIRST_PORT_INDEX + node.index
-        fd = os.open(netns.path_of(node.netns), os.O_RDONLY)
-        try:
-            switch.link("add", index=port, ifname=node.switch_port, kind="veth",
-                        mtu=node.link.mtu,
-                        peer={"index": ETH0_INDEX, "ifname": naming.NODE_IFNAME,
-                              "net_ns_fd": fd, "mtu": node.link.mtu})
-        finally:
-            os.close(fd)
+        mtu = node.link.mtu
+        if node.delay_netns is None:  # node eth0 <-> switch port
+            _veth(switch, port, node.switch_port, node.netns, naming.NODE_IFNAME, mtu)
+        else:  # node eth0 <-> "in" [delay line] "out" <-> switch port
+            delay = self._iproutes[node.delay_netns]
+            _veth(delay, DELAY_IN_INDEX, DELAY_IN, node.netns, naming.NODE_IFNAME, mtu)
+            _veth(switch, port, node.switch_port, node.delay_netns, DELAY_OUT, mtu)
+            delayline.prepare_delay_namespace(delay, DELAY_IN, DELAY_OUT)
         _apply_qdiscs(switch, port, node.ingress)
         switch.link("set", index=port, master=BRIDGE_INDEX, state="up")
 
@@ -184,6 +199,38 @@ class Fabric:
         _apply_qdiscs(ipr, ETH0_INDEX, node.egress)
         ipr.link("set", index=ETH0_INDEX, state="up")
         ipr.link("set", index=LOOPBACK_INDEX, state="up")
+
+    def _start_delay_line(self, stack: contextlib.ExitStack, node: NodePlan,
+                          rt_priority: int) -> None:
+        link = node.link
+        spec = delayline.DelayLineSpec(
+            delay_s=link.delay, jitter_s=link.jitter, distribution=link.jitter_distribution,
+            loss_pct=link.loss, seed=node.index + 1,
+            queue_bytes=delayline.queue_bytes_for(link.rate, link.delay, link.jitter))
+        argv = delayline.command(spec, DELAY_IN, DELAY_OUT, rt_priority=rt_priority)
+        with netns.entered(node.delay_netns):
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+        self._processes.append(process)
+        stack.callback(self._stop_delay_line, node.name, process)
+        delayline.wait_ready(process)
+
+    def _stop_delay_line(self, node: str, process: subprocess.Popen) -> None:
+        """SIGTERM the forwarder and keep its counters (late releases, drops) for reports."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            out, err = process.communicate(timeout=_TERMINATE_GRACE_S)
+            self.delay_line_stats[node] = delayline.parse_stats(out)
+        except (subprocess.TimeoutExpired, delayline.DelayLineError, ValueError) as exc:
+            process.kill()
+            process.communicate()
+            self.delay_line_stats[node] = {"error": str(exc)}
+
+    @property
+    def delay_backends(self) -> dict[str, str | None]:
+        """Per node, what applies its delay, jitter and loss (None: nothing to apply)."""
+        return {node.name: node.delay_backend for node in self._require_plan().nodes}
 
     # -- running ----------------------------------------------------------------------------
 
@@ -259,6 +306,18 @@ class Fabric:
         for process in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=_TERMINATE_GRACE_S)
+
+
+def _veth(ipr: IPRoute, index: int, ifname: str, peer_netns: str, peer_ifname: str,
+          mtu: int) -> None:
+    """A veth pair made in `ipr`'s namespace, its peer placed straight into `peer_netns`
+    (where it takes the next free index)."""
+    fd = os.open(netns.path_of(peer_netns), os.O_RDONLY)
+    try:
+        ipr.link("add", index=index, ifname=ifname, kind="veth", mtu=mtu,
+                 peer={"ifname": peer_ifname, "net_ns_fd": fd, "mtu": mtu})
+    finally:
+        os.close(fd)
 
 
 def _apply_qdiscs(ipr: IPRoute, index: int, qdiscs: tuple[QdiscPlan, ...]) -> None:

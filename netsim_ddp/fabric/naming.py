@@ -20,7 +20,7 @@ PREFIX = "nsd"
 SWITCH_ROLE = "sw"
 BRIDGE = "nsd-br"
 NODE_IFNAME = "eth0"
-_RUN_NAMESPACE = re.compile(rf"^{PREFIX}(?P<run_id>[0-9a-f]{{6}})-(?P<role>[A-Za-z0-9_-]+)$")
+_RUN_NAMESPACE = re.compile(rf"^{PREFIX}(?P<run_id>[0-9a-f]{{6}})-(?P<role>[A-Za-z0-9_.-]+)$")
 
 _lock_dir = Path("/run/netsim-ddp")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..scenario import ETHERNET_HEADER, EffectiveLink, Scenario
 from . import naming
+from .errors import FabricError
 
 # tbf refills tokens from a timer; the burst must cover a tick's worth of bytes at the rate or
 # the rate is never reached (the classic bug). CONFIG_HZ is 250 on this project's machines; a
@@ -41,6 +42,8 @@ class NodePlan:
     link: EffectiveLink
     egress: tuple[QdiscPlan, ...]  # on the node's eth0: what the node sends
     ingress: tuple[QdiscPlan, ...]  # on the switch port: what the node receives
+    delay_backend: str | None = None  # "netem", "delay-line", or None: no delay/jitter/loss
+    delay_netns: str | None = None  # the delay line's namespace, between node and switch
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,8 @@ class FabricPlan:
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.switch_netns] + [node.netns for node in self.nodes]
-
-    @property
-    def needs_netem(self) -> bool:
-        return any(node.link.needs_netem for node in self.nodes)
+        delay = [node.delay_netns for node in self.nodes if node.delay_netns]
+        return [self.switch_netns] + [node.netns for node in self.nodes] + delay
 
 
 def tbf_burst(rate_bps: float, mtu: int) -> int:
@@ -90,15 +90,36 @@ def netem(link: EffectiveLink, handle: int) -> QdiscPlan:
     })
 
 
-def egress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
-    """A node's own egress: netem (if any delay, jitter or loss) with tbf beneath it.
+def egress_qdiscs(link: EffectiveLink, delay_backend: str | None) -> tuple[QdiscPlan, ...]:
+    """A node's own egress: netem (if it applies delay, jitter or loss) with tbf beneath it.
 
-    Delay, jitter and loss are applied once, where the node sends, so a round trip between
-    two nodes carries both their delays: 2 x the one-way delay when links are alike.
+    Delay, jitter and loss are applied once, to what the node sends, so a round trip between
+    two nodes carries both their delays: 2 x the one-way delay when links are alike. The
+    delay line does the same between the node's NIC and the switch.
     """
-    if not link.needs_netem:
+    if delay_backend != "netem":
         return (tbf(link, 0x10000, None),)
     return (netem(link, 0x10000), tbf(link, 0x100000, 0x10001))
+
+
+def choose_delay_backend(link: EffectiveLink, setting: str, netem_available: bool) -> str | None:
+    """netem where the kernel has it (and the jitter is uniform), else the delay line."""
+    if not link.impaired:
+        return None
+    if setting == "netem":
+        if not netem_available:
+            raise FabricError(
+                "link.delay_backend = 'netem' but this kernel has no netem qdisc (sch_netem, "
+                "CONFIG_NET_SCH_NETEM); use 'auto' or 'delay-line' for the userspace delay line")
+        if link.jitter_distribution != "uniform":
+            raise FabricError(
+                f"link.jitter_distribution = {link.jitter_distribution!r} needs netem's "
+                "distribution tables, which pyroute2 cannot load; use delay_backend = "
+                "'delay-line' or 'auto'")
+        return "netem"
+    if setting == "auto" and netem_available and link.jitter_distribution == "uniform":
+        return "netem"
+    return "delay-line"
 
 
 def ingress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
@@ -106,12 +127,14 @@ def ingress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
     return (tbf(link, 0x10000, None),)
 
 
-def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network) -> FabricPlan:
+def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network,
+                netem_available: bool = False) -> FabricPlan:
     names = scenario.topology.node_names
     hosts = subnet.hosts()
     nodes = []
     for index, name in enumerate(names):
         link = scenario.link_for(index)
+        backend = choose_delay_backend(link, scenario.link.delay_backend, netem_available)
         nodes.append(NodePlan(
             index=index,
             name=name,
@@ -120,8 +143,11 @@ def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network) 
             prefixlen=subnet.prefixlen,
             switch_port=naming.switch_port(name),
             link=link,
-            egress=egress_qdiscs(link),
+            egress=egress_qdiscs(link, backend),
             ingress=ingress_qdiscs(link),
+            delay_backend=backend,
+            delay_netns=(naming.netns_name(run_id, f"{name}.dl") if backend == "delay-line"
+                         else None),
         ))
     return FabricPlan(
         run_id=run_id,

@@ -136,3 +136,18 @@ def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path):
         pytest.skip("this host drives 10 Gbit/s all-reduce faithfully")
     assert result.returncode == 1
     assert "refused" in result.stdout + result.stderr and entry["passed"] is False
+
+
+def test_delayed_scenario_runs_end_to_end(capabilities):
+    delayed = scenario(modes=("fp32", "amp-fp16"), params="1M", iterations=3)
+    delayed = delayed.model_copy(update={"link": delayed.link.model_copy(
+        update={"delay": 0.0005, "jitter": 0.0001})})
+    report = run_scenario(delayed)
+    assert report.status == "passed", [c.as_dict() for c in report.checks]
+    expected = "netem" if capabilities.netem else "delay-line"
+    assert report.delay_backends == {"n0": expected, "n1": expected}
+    if expected == "delay-line":
+        for stats in report.delay_line_stats.values():
+            assert stats["forwarded"] > 0 and stats["dropped_queue_full"] == 0
+    document = report.as_dict()
+    assert document["network"]["delay_backends"]["n0"] == expected

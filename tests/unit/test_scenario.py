@@ -39,7 +39,7 @@ def test_defaults_and_names(tmp_path):
     link = scenario.link_for(1)
     assert (link.rate, link.delay, link.loss, link.mtu) == (1e9, 0.0, 0.0, 1500)
     assert link.queue_limit_bytes == 1000 * 1514
-    assert not link.needs_netem
+    assert not link.impaired
 
 
 def test_name_defaults_to_file_stem(tmp_path):
@@ -54,7 +54,7 @@ def test_override_changes_one_node(tmp_path):
     assert scenario.link_for(0).rate == 1e9
     slow = scenario.link_for("n2")
     assert (slow.rate, slow.delay, slow.queue_limit_bytes) == (250e6, 1e-3, 256 * 1024)
-    assert slow.needs_netem
+    assert slow.impaired
 
 
 BAD = [

@@ -1,7 +1,9 @@
-"""Traffic probes for the delay line's tests and benchmark, run on a `Testbed`.
+"""Traffic probes for the delay line's tests and benchmark, between two namespaces: A sends,
+B receives or echoes. They run on the delay line's own `Testbed` or between two nodes of a
+built fabric (`ProbePath.between`).
 
-Each probe makes its sockets in the namespaces (A sends, B receives or echoes) and runs the
-far end in a thread; sockets are closed whatever happens.
+Each probe makes its sockets in the namespaces and runs the far end in a thread; sockets are
+closed whatever happens.
 """
 
 from __future__ import annotations
@@ -13,8 +15,39 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
-from .testbed import ADDR_B, Testbed
+from .. import netns
+
+
+class Bed(Protocol):
+    """Two namespaces and B's address: what a probe needs (a Testbed is one)."""
+
+    ns_a: str
+    ns_b: str
+
+    @property
+    def address_b(self) -> str: ...
+
+    def socket(self, ns: str, kind: int = socket.SOCK_DGRAM) -> socket.socket: ...
+
+
+@dataclass(frozen=True)
+class ProbePath:
+    """From one fabric node to another."""
+
+    ns_a: str
+    ns_b: str
+    address_b: str
+
+    @classmethod
+    def between(cls, source, destination) -> ProbePath:
+        return cls(source.netns, destination.netns, destination.address)
+
+    def socket(self, ns: str, kind: int = socket.SOCK_DGRAM) -> socket.socket:
+        with netns.entered(ns):
+            return socket.socket(socket.AF_INET, kind)
+
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # Linux; not exported by the socket module
@@ -51,7 +84,7 @@ STOP_SEQ = 0xFFFFFFFF
 
 
 @contextlib.contextmanager
-def _echo_server(bed: Testbed) -> Iterator[int]:
+def _echo_server(bed: Bed) -> Iterator[int]:
     """UDP echo in B that appends B's kernel receive stamp; yields its port.
 
     It blocks in recvmsg (no timeout: a poll+recv per datagram would add wakeups to every
@@ -59,7 +92,7 @@ def _echo_server(bed: Testbed) -> Iterator[int]:
     """
     server = bed.socket(bed.ns_b)
     server.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    server.bind((ADDR_B, 0))
+    server.bind((bed.address_b, 0))
 
     def serve() -> None:
         while True:
@@ -77,12 +110,12 @@ def _echo_server(bed: Testbed) -> Iterator[int]:
     finally:
         with contextlib.closing(bed.socket(bed.ns_a)) as stopper:
             while thread.is_alive():  # the stop datagram crosses the delay line too
-                stopper.sendto(_SEQ.pack(STOP_SEQ), (ADDR_B, port))
+                stopper.sendto(_SEQ.pack(STOP_SEQ), (bed.address_b, port))
                 thread.join(timeout=0.5)
         server.close()
 
 
-def echo_samples(bed: Testbed, count: int, warmup: int = 20, timeout_s: float = 2.0,
+def echo_samples(bed: Bed, count: int, warmup: int = 20, timeout_s: float = 2.0,
                  busy_poll: bool = False) -> list[EchoSample]:
     """`count` sequential round trips A -> B -> A of 64-byte datagrams (after `warmup`).
 
@@ -96,7 +129,7 @@ def echo_samples(bed: Testbed, count: int, warmup: int = 20, timeout_s: float = 
             payload = _SEQ.pack(seq) + bytes(60)
             sent_real = time.time_ns()
             start = time.perf_counter_ns()
-            client.sendto(payload, (ADDR_B, port))
+            client.sendto(payload, (bed.address_b, port))
             while True:  # a late reply to an earlier probe is skipped, not mistaken
                 reply = _receive(client, start, timeout_s) if busy_poll else client.recv(2048)
                 got_seq, stamp = _ECHO_HEAD.unpack(reply[:_ECHO_HEAD.size])
@@ -108,7 +141,7 @@ def echo_samples(bed: Testbed, count: int, warmup: int = 20, timeout_s: float = 
     return samples
 
 
-def udp_blast(bed: Testbed, count: int, payload_bytes: int, markers: int = 64,
+def udp_blast(bed: Bed, count: int, payload_bytes: int, markers: int = 64,
               burst: int = 32, pause_s: float = 0.0002, timeout_s: float = 10.0) -> list[int]:
     """Send `count` sequence-numbered datagrams A -> B, then `markers` end markers (numbered
     from `count` up: with loss, some get through all the same). B reads until the first marker
@@ -117,7 +150,7 @@ def udp_blast(bed: Testbed, count: int, payload_bytes: int, markers: int = 64,
     """
     receiver = bed.socket(bed.ns_b)
     receiver.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
-    receiver.bind((ADDR_B, 0))
+    receiver.bind((bed.address_b, 0))
     receiver.settimeout(timeout_s)  # a failure guard: a marker always arrives in time
     port = receiver.getsockname()[1]
     seqs: list[int] = []
@@ -136,7 +169,7 @@ def udp_blast(bed: Testbed, count: int, payload_bytes: int, markers: int = 64,
         with contextlib.closing(bed.socket(bed.ns_a)) as sender:
             filler = bytes(payload_bytes - _SEQ.size)
             for seq in range(count + markers):
-                sender.sendto(_SEQ.pack(seq) + filler, (ADDR_B, port))
+                sender.sendto(_SEQ.pack(seq) + filler, (bed.address_b, port))
                 if seq % burst == burst - 1:
                     time.sleep(pause_s)
         thread.join()
@@ -154,12 +187,12 @@ class BulkResult:
     bytes: int
 
 
-def tcp_bulk(bed: Testbed, seconds: float, warmup_s: float = 0.5,
+def tcp_bulk(bed: Bed, seconds: float, warmup_s: float = 0.5,
              sockbuf: int = 16 << 20, chunk: int = 1 << 20) -> BulkResult:
     """One TCP flow A -> B for warmup_s + seconds; goodput over the part after warm-up."""
     listener = bed.socket(bed.ns_b, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, sockbuf)
-    listener.bind((ADDR_B, 0))
+    listener.bind((bed.address_b, 0))
     listener.listen(1)
     port = listener.getsockname()[1]
     marks: list[tuple[int, int]] = []  # (perf_counter_ns, bytes so far) at each read
@@ -182,7 +215,7 @@ def tcp_bulk(bed: Testbed, seconds: float, warmup_s: float = 0.5,
     try:
         with contextlib.closing(bed.socket(bed.ns_a, socket.SOCK_STREAM)) as sender:
             sender.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sockbuf)
-            sender.connect((ADDR_B, port))
+            sender.connect((bed.address_b, port))
             data = memoryview(bytes(chunk))
             end = time.perf_counter() + warmup_s + seconds
             while time.perf_counter() < end:

@@ -39,6 +39,10 @@ class Testbed:
     last_stats: dict[str, object] = field(default_factory=dict)
 
     @property
+    def address_b(self) -> str:
+        return ADDR_B
+
+    @property
     def namespaces(self) -> list[str]:
         return [self.ns_a, self.ns_b, self.ns_d]
 
