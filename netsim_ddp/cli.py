@@ -199,7 +199,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import FabricError, PrivilegeError, ensure_network_privilege
     from .report import mode_table
-    from .runner import results_document, run_scenario
+    from .runner import ScenarioReport, results_document, run_scenario
     from .workload import WorkloadError
 
     scenarios = _load_all(files)
@@ -222,8 +222,12 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
                     allow_untrusted=allow_untrusted, timeout_s=timeout_s,
                     progress=lambda message: status.update(message))
         except (FabricError, WorkloadError) as exc:
-            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+            # Recorded, not fatal: the other scenarios still run and the JSON is still written.
+            report = ScenarioReport(scenario, error=str(exc))
+            err.print(f"[red]{scenario.name}: error[/]: {exc}", markup=True, soft_wrap=True)
         reports.append(report)
+        if report.error:
+            continue
         if report.refused:
             human.print(f"[yellow]{scenario.name}: refused[/]: {report.refused}")
             continue

@@ -139,6 +139,7 @@ class ScenarioReport:
     run_id: str = ""
     fidelity: CollectiveFidelity | None = None
     refused: str | None = None
+    error: str | None = None  # the run broke (a rank crashed or hung, the host lacks something)
     modes: dict[str, ModeReport] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     delay_backends: dict[str, str | None] = field(default_factory=dict)
@@ -146,6 +147,8 @@ class ScenarioReport:
 
     @property
     def status(self) -> str:
+        if self.error:
+            return "error"
         if self.refused:
             return "refused"
         return "passed" if all(check.passed for check in self.checks) else "failed"
@@ -161,6 +164,7 @@ class ScenarioReport:
             "passed": self.passed,
             "status": self.status,
             "refused": self.refused,
+            "error": self.error,
             "run_id": self.run_id,
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
             "network": {"delay_backends": self.delay_backends,
