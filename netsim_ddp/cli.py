@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -23,7 +24,7 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 
 
 def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
 
@@ -91,7 +92,7 @@ def check(json_out: str | None) -> None:
         table.add_row(name, shown, use)
     _human(json_out).print(table)
     if caps.error:
-        err.print(f"[red]{caps.error}[/]")
+        err.print(f"[red]{escape(caps.error)}[/]")
     if not caps.netem and caps.can_build:
         _human(json_out).print(
             "netem is missing: delay, jitter and loss run through the userspace delay line"
@@ -224,17 +225,17 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         except (FabricError, WorkloadError) as exc:
             # Recorded, not fatal: the other scenarios still run and the JSON is still written.
             report = ScenarioReport(scenario, error=str(exc))
-            err.print(f"[red]{scenario.name}: error[/]: {exc}", markup=True, soft_wrap=True)
+            err.print(f"[red]{scenario.name}: error[/]: {escape(str(exc))}", soft_wrap=True)
         reports.append(report)
         if report.error:
             continue
         if report.refused:
-            human.print(f"[yellow]{scenario.name}: refused[/]: {report.refused}")
+            human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
             continue
         human.print(mode_table(report))
         for check in report.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
-            human.print(f"  {mark} {check.name}: {check.detail}")
+            human.print(f"  {mark} {check.name}: {escape(check.detail)}")
     _write_json(json_out, results_document(reports))
     sys.exit(EXIT_OK if all(report.passed for report in reports) else EXIT_FAILED)
 
