@@ -125,21 +125,29 @@ def plan(file: str) -> None:
     """Show the network a scenario builds, without building it."""
     import ipaddress
 
+    from .fabric import FabricError
+    from .fabric.capabilities import probe_capabilities
     from .fabric.plan import plan_fabric
 
     (scenario,) = _load_all((file,))
     subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
-    fabric_plan = plan_fabric(scenario, "000000", subnet)
+    impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
+    try:  # which delay backend applies depends on this host's kernel
+        fabric_plan = plan_fabric(scenario, "000000", subnet,
+                                  impaired and probe_capabilities().netem)
+    except FabricError as exc:
+        _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
     table = Table(title=f"{scenario.name}: switch {fabric_plan.bridge}, MTU {fabric_plan.mtu}"
                   + ("" if scenario.topology.subnet else " (subnet drawn per run)"))
-    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs"):
+    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs",
+                   "delay by"):
         table.add_column(column)
     for node in fabric_plan.nodes:
         link = node.link
         table.add_row(node.name, node.address, format_rate(link.rate),
                       format_duration(link.delay), format_duration(link.jitter), f"{link.loss:g}%",
                       format_size(link.queue_limit_bytes),
-                      " > ".join(q.kind for q in node.egress))
+                      " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
     out.print(table)
 
 
