@@ -202,14 +202,20 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 @click.option("--allow-untrusted", is_flag=True,
               help="Run scenarios whose links this host cannot drive (results marked untrusted).")
 @click.option("--timeout", "timeout_s", type=float, help="Seconds before hung ranks are killed.")
+@click.option("--baseline", metavar="PATH", help="Gate the results against this baseline.")
+@click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline.")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
+              help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
+@click.option("--alpha", type=float, default=0.05, show_default=True,
+              help="Significance level of verdicts and regressions.")
 def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
-        out_dir: str | None, profile: bool, allow_untrusted: bool,
-        timeout_s: float | None) -> None:
+        out_dir: str | None, profile: bool, allow_untrusted: bool, timeout_s: float | None,
+        baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
+        alpha: float) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
-    from .fabric import FabricError, PrivilegeError, ensure_network_privilege
-    from .report import mode_table
-    from .runner import ScenarioReport, results_document, run_scenario
-    from .workload import WorkloadError
+    from .fabric import PrivilegeError, ensure_network_privilege
+    from .report import mode_table, sweep_tables
+    from .session import NetsimSession, SessionOptionError
 
     scenarios = _load_all(files)
     for scenario in scenarios:
@@ -217,25 +223,31 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             _fail(f"{scenario.path}: workload: required to run training; add a [workload] "
                   "section (see README)", EXIT_BAD_INPUT)
     try:
+        session = NetsimSession.create(
+            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
+            save_baseline=Path(save_baseline) if save_baseline else None,
+            iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s)
+    except SessionOptionError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    try:
         ensure_network_privilege()
     except PrivilegeError as exc:
         _fail(str(exc), EXIT_FAILED)
     human = _human(json_out)
-    reports = []
     for scenario in scenarios:
-        scenario_out = Path(out_dir) / scenario.name if out_dir else None
-        try:
+        if scenario.sweep is not None:
             with err.status("") as status:
-                report = run_scenario(
-                    scenario, out_dir=scenario_out, iterations=iterations, profile=profile,
-                    allow_untrusted=allow_untrusted, timeout_s=timeout_s,
-                    progress=lambda message: status.update(message))
-        except (FabricError, WorkloadError) as exc:
-            # Recorded, not fatal: the other scenarios still run and the JSON is still written.
-            report = ScenarioReport(scenario, error=str(exc))
-            err.print(f"[red]{scenario.name}: error[/]: {escape(str(exc))}", soft_wrap=True)
-        reports.append(report)
+                sweep = session.run_sweep(scenario,
+                                          progress=lambda message: status.update(message))
+            for renderable in sweep_tables(sweep):
+                human.print(renderable)
+            continue
+        with err.status("") as status:
+            report = session.run(scenario, profile=profile,
+                                 progress=lambda message: status.update(message))
         if report.error:
+            err.print(f"[red]{scenario.name}: error[/]: {escape(report.error)}", soft_wrap=True)
             continue
         if report.refused:
             human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
@@ -244,8 +256,25 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         for check in report.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
             human.print(f"  {mark} {check.name}: {escape(check.detail)}")
-    _write_json(json_out, results_document(reports))
-    sys.exit(EXIT_OK if all(report.passed for report in reports) else EXIT_FAILED)
+    session.finish()
+    _write_json(json_out, session.document())
+    passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
+    sys.exit(EXIT_OK if passed else EXIT_FAILED)
+
+
+@main.command("report")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", default="report", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for the PNGs and the report.")
+def report_command(results: str, out_dir: str) -> None:
+    """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
+    from .plots import report
+
+    try:
+        path = report(results, out_dir)
+    except (ValueError, KeyError) as exc:
+        _fail(f"{results}: not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+    out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
 
 
 @main.command()

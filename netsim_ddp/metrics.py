@@ -68,3 +68,45 @@ def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
     if seconds <= 0:
         return float("inf")
     return size_bytes * 8 / seconds * ring_factor(world_size)
+
+
+# -- comparing noisy samples ----------------------------------------------------------------
+
+STATISTICS = ("median", "mean", "p95", "std", "iqr", "min", "max")
+SPREAD_STATISTICS = ("std", "iqr")
+
+
+def statistic(samples: Sequence[float], name: str) -> float:
+    if name not in STATISTICS:
+        raise ValueError(f"unknown statistic {name!r}; use one of {', '.join(STATISTICS)}")
+    return float(getattr(summarize(samples), name))
+
+
+def deviations(samples: Sequence[float]) -> list[float]:
+    """Absolute deviations from the median: a spread test on these is Brown-Forsythe's idea,
+    robust to the outliers a noisy network produces."""
+    center = statistics.median(samples)
+    return [abs(value - center) for value in samples]
+
+
+@dataclass(frozen=True)
+class ShiftTest:
+    """Is `x` smaller than `y` (or larger), beyond noise? A one-sided Mann-Whitney U test."""
+
+    p_value: float
+    effect: float  # probability that a draw of x is below a draw of y (0.5: no difference)
+
+    @property
+    def effect_text(self) -> str:
+        return f"P(x < y) = {self.effect:.2f}"
+
+
+def shift_test(x: Sequence[float], y: Sequence[float], alternative: str) -> ShiftTest:
+    """alternative 'less': x tends to be smaller than y; 'greater': larger."""
+    from scipy.stats import mannwhitneyu  # only verdicts need scipy; keep imports light
+
+    if len(x) < 2 or len(y) < 2:
+        raise ValueError("a significance test needs at least 2 samples on each side")
+    result = mannwhitneyu(x, y, alternative=alternative, method="auto")
+    below = 1.0 - result.statistic / (len(x) * len(y))  # U counts pairs with x above y
+    return ShiftTest(float(result.pvalue), float(below))

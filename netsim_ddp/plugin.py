@@ -1,6 +1,11 @@
-"""pytest plugin (registered by entry point): fixtures to test against an emulated network.
+"""pytest plugin (registered by entry point): scenario files as tests, fixtures to test against
+an emulated network, baselines to gate releases on.
 
-Hooks stay thin; the work lives in the library.
+    pytest scenarios/                                  # each scenario file is a test
+    pytest scenarios/ --netsim-save-baseline base.json
+    pytest scenarios/ --netsim-baseline base.json --netsim-tolerance median:10%
+
+Hooks stay thin; the work lives in the library (runner, gate, baseline, report).
 """
 
 from __future__ import annotations
@@ -11,13 +16,115 @@ from typing import Any
 
 import pytest
 
-from .scenario import Scenario
+from .scenario import Scenario, ScenarioError
+
+XDIST_GROUP = "netsim-ddp"
+_SESSION = pytest.StashKey["NetsimSession"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("netsim-ddp", "emulated-network DDP scenarios")
+    group.addoption("--netsim-baseline", metavar="PATH",
+                    help="gate every scenario against this baseline file")
+    group.addoption("--netsim-save-baseline", metavar="PATH",
+                    help="save this run's samples as a baseline (pytest-benchmark format)")
+    group.addoption("--netsim-tolerance", action="append", metavar="METRIC:PCT", default=None,
+                    help="how much worse than the baseline is allowed, e.g. median:10%% or "
+                         "comm_s.p95:15%% (repeatable; default median:10%%)")
+    group.addoption("--netsim-alpha", type=float, default=0.05,
+                    help="significance level of verdicts and regressions (default 0.05)")
+    group.addoption("--netsim-json", metavar="PATH", help="write the run's results as JSON")
+    group.addoption("--netsim-iterations", type=int, metavar="N",
+                    help="override the measured iterations of every scenario")
+    group.addoption("--netsim-out", metavar="DIR", help="keep rank logs and results here")
+    group.addoption("--netsim-allow-untrusted", action="store_true",
+                    help="run scenarios this host cannot drive faithfully (else skipped)")
+    parser.addini("netsim_scenario_dirs", type="args", default=["scenarios"],
+                  help="folders whose *.toml files are scenarios (default: scenarios)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "netsim: a netsim-ddp scenario run")
     config.addinivalue_line(
-        "markers", "netns: needs root or user namespaces to build a real emulated network")
+        "markers", "netsim_scenario(source): the scenario (file, dict or Scenario) that the "
+        "`scenario`, `fabric` and `netsim_run` fixtures of a test use")
+    from .session import NetsimSession, SessionOptionError
 
+    try:
+        config.stash[_SESSION] = NetsimSession.from_config(config)
+    except SessionOptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if getattr(config.option, "numprocesses", None):
+        return (f"netsim-ddp: scenario runs carry xdist_group({XDIST_GROUP!r}); with --dist "
+                "loadgroup they run one at a time, since concurrent runs contend for this "
+                "host's CPU and would distort each other's timings (their names never collide)")
+    return None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    session = parent.config.stash[_SESSION]
+    if file_path.suffix == ".toml" and session.is_scenario_file(file_path):
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    session.config.stash[_SESSION].finish()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    for line in config.stash[_SESSION].summary_lines():
+        terminalreporter.write_line(line)
+
+
+class ScenarioFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        try:
+            scenario = Scenario.load(self.path)
+        except ScenarioError as exc:
+            raise self.CollectError(str(exc)) from None
+        if scenario.workload is not None:  # a network without training has nothing to judge
+            yield ScenarioItem.from_parent(self, name=scenario.name, scenario=scenario)
+
+
+class ScenarioFailure(Exception):
+    """A scenario run whose checks failed, or that broke."""
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, scenario: Scenario, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.scenario = scenario
+        self.add_marker(pytest.mark.netsim)
+        self.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+
+    def runtest(self) -> None:
+        session = self.config.stash[_SESSION]
+        if self.scenario.sweep is not None:
+            sweep = session.run_sweep(self.scenario)
+            if not sweep.passed:
+                raise ScenarioFailure(session.sweep_failure_text(sweep))
+            return
+        report = session.run(self.scenario)
+        self.user_properties.extend(session.properties(report))
+        if report.status == "refused":
+            pytest.skip(f"{self.scenario.name}: refused: {report.refused}")
+        if report.status != "passed":
+            raise ScenarioFailure(session.failure_text(report))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
+        if isinstance(excinfo.value, ScenarioFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"scenario {self.scenario.name}"
+
+
+# -- fixtures for tests written in Python --------------------------------------------------------
 
 def _as_scenario(source: Scenario | str | Path | dict[str, Any]) -> Scenario:
     if isinstance(source, Scenario):
@@ -25,6 +132,51 @@ def _as_scenario(source: Scenario | str | Path | dict[str, Any]) -> Scenario:
     if isinstance(source, dict):
         return Scenario.from_dict(source)
     return Scenario.load(source)
+
+
+def _skip_unless_buildable() -> None:
+    from .fabric.capabilities import probe_capabilities
+
+    capabilities = probe_capabilities()
+    if not capabilities.can_build:
+        pytest.skip(f"this host cannot build an emulated network: "
+                    f"{capabilities.error or capabilities}")
+
+
+@pytest.fixture
+def scenario(request: pytest.FixtureRequest) -> Scenario:
+    """The scenario named by the test's `netsim_scenario` marker (a file, dict or Scenario),
+    or by indirect parametrization."""
+    marker = request.node.get_closest_marker("netsim_scenario")
+    source = getattr(request, "param", None) or (marker.args[0] if marker else None)
+    if source is None:
+        raise pytest.UsageError(
+            f"{request.node.nodeid}: the scenario fixture needs "
+            "@pytest.mark.netsim_scenario('scenarios/x.toml') or indirect parametrization")
+    return _as_scenario(source)
+
+
+@pytest.fixture
+def fabric(scenario: Scenario) -> Iterator[Any]:
+    """The scenario's network, built for the test and removed after it."""
+    from .fabric import Fabric
+
+    _skip_unless_buildable()
+    with Fabric(scenario) as built:
+        yield built
+
+
+@pytest.fixture
+def netsim_run(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """Run a scenario's training (its file, dict or Scenario) with this session's options;
+    returns the ScenarioReport (modes, checks, status)."""
+    session = request.config.stash[_SESSION]
+
+    def run(source: Scenario | str | Path | dict[str, Any], **kwargs: Any) -> Any:
+        _skip_unless_buildable()
+        return session.run(_as_scenario(source), **kwargs)
+
+    return run
 
 
 @pytest.fixture
@@ -38,11 +190,8 @@ def make_fabric() -> Iterator[Callable[..., Any]]:
     Skips the test, saying why, where this host can build no network at all.
     """
     from .fabric import Fabric
-    from .fabric.capabilities import probe_capabilities
 
-    capabilities = probe_capabilities()
-    if not capabilities.can_build:
-        pytest.skip(f"this host cannot build an emulated network: {capabilities.error or capabilities}")
+    _skip_unless_buildable()
     built: list[Fabric] = []
 
     def build(source: Scenario | str | Path | dict[str, Any], **kwargs: Any) -> Fabric:

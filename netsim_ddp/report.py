@@ -38,3 +38,48 @@ def mode_table(report: ScenarioReport) -> Table:
             f"{mode.busbw_bps / mode.link_bps:.2f}",
         )
     return table
+
+
+def sweep_tables(sweep) -> list[object]:
+    """A sweep (netsim_ddp.sweep.SweepReport) as tables: the measured points, the model's
+    held-out error, and the projection, labelled as one."""
+    points = Table(title=f"{sweep.scenario.name}: sweep over "
+                         + ", ".join(f"{axis} {values}" for axis, values in
+                                     sweep.config.axes().items()), title_justify="left")
+    for column in ("point", "mode", "step ms", "compute ms", "comm ms", "eff", "samples/s",
+                   "status"):
+        points.add_column(column, justify="right", no_wrap=True)
+    for point in sweep.points:
+        label = point.as_dict()["label"]
+        for mode, numbers in point.mode_numbers().items():
+            points.add_row(label, mode, _ms(numbers["step_s"]), _ms(numbers["compute_s"]),
+                           _ms(numbers["comm_s"]), f"{numbers['scaling_efficiency']:.2f}",
+                           f"{numbers['throughput_samples_s']:.0f}", point.report.status)
+    out: list[object] = [points]
+    if sweep.fit is not None:
+        m = sweep.fit.model
+        out.append(f"cost model (all points): alpha {m.alpha_s * 1e3:.2f} ms per hop, "
+                   f"all-reduce at {m.bandwidth_efficiency:.0%} of the link, overlap "
+                   f"{m.overlap:.2f}; rms error {sweep.fit.rms_relative_error:.1%}")
+    if sweep.holdout is not None:
+        errors = ", ".join(f"{mode} {error:+.1%}" for mode, error in
+                           sweep.holdout.errors_by_mode().items())
+        verdict = "ok" if sweep.holdout.within_target else "MISSED"
+        out.append(f"held-out prediction of the largest points: {errors} "
+                   f"(target within {sweep.holdout.target:.0%}: {verdict})")
+    if sweep.projection is not None:
+        projection = sweep.projection
+        table = Table(title=projection.label, title_justify="left")
+        gpus = sorted({row["gpus"] for row in projection.rows})
+        table.add_column("mode")
+        table.add_column("link", justify="right")
+        for count in gpus:
+            table.add_column(f"{count} GPUs", justify="right")
+        for mode in dict.fromkeys(row["mode"] for row in projection.rows):
+            for link in sorted({row["link_bps"] for row in projection.rows}):
+                table.add_row(mode, format_rate(link),
+                              *(f"{projection.efficiency(mode, count, link):.2f}"
+                                for count in gpus))
+        out.append(table)
+    out.extend(f"note: {note}" for note in sweep.notes)
+    return out

@@ -17,6 +17,8 @@ from . import __version__
 from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic
 from .fabric.fidelity import expected_goodput
+from .gate import Verdict as Check
+from .gate import default_expectations, evaluate
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
@@ -30,16 +32,6 @@ WIRE_RATIO_CLAIMS = (("amp", "fp32", 1.0), ("amp-fp16", "fp32", 0.5), ("amp-bf16
 WIRE_RATIO_TOLERANCE = 0.03
 
 Progress = Callable[[str], None]
-
-
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    detail: str
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail}
 
 
 @dataclass
@@ -175,8 +167,10 @@ class ScenarioReport:
         }
 
 
-def results_document(reports: list[ScenarioReport]) -> dict[str, object]:
-    return {"netsim_ddp": __version__, "scenarios": [report.as_dict() for report in reports]}
+def results_document(reports: list[ScenarioReport], sweeps=()) -> dict[str, object]:
+    """The JSON of a run: its scenarios, and its sweeps (netsim_ddp.sweep.SweepReport)."""
+    return {"netsim_ddp": __version__, "scenarios": [report.as_dict() for report in reports],
+            "sweeps": [sweep.as_dict() for sweep in sweeps]}
 
 
 def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
@@ -216,6 +210,11 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps)
     report.checks.extend(wire_ratio_checks(report.modes))
+    # The default claim is about the network: a single node's ranks never touch it.
+    expectations = (scenario.expect if scenario.expect is not None
+                    else default_expectations(list(report.modes))
+                    if scenario.topology.nodes > 1 else [])
+    report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
     return report
 
 
@@ -253,7 +252,8 @@ def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Check]:
     """Does each mode put on the wire what it promises, relative to fp32?"""
     checks = []
     for mode, reference, expected in WIRE_RATIO_CLAIMS:
-        if mode in modes and reference in modes:
+        # One node sends nothing over the network: no ratio to check.
+        if mode in modes and reference in modes and modes[reference].wire_bytes_per_iteration:
             ratio = (modes[mode].wire_bytes_per_iteration
                      / modes[reference].wire_bytes_per_iteration)
             ok = abs(ratio - expected) <= WIRE_RATIO_TOLERANCE

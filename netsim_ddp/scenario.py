@@ -28,6 +28,8 @@ from pydantic import (
 )
 
 from . import units
+from .gate import Expectation
+from .sweepconfig import SweepConfig
 from .workload.config import WorkloadConfig
 
 # tbf carries the rate in a 32-bit field of bytes per second.
@@ -237,6 +239,13 @@ class Scenario(_Strict):
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
     workload: WorkloadConfig | None = Field(
         None, description="What to train on the network; without it, only the network is built.")
+    sweep: SweepConfig | None = Field(
+        None, description="Run this scenario at several points (nodes, ranks_per_node, rate, "
+        "params), fit the DDP cost model, check it on held-out points, project to large "
+        "clusters.")
+    expect: list[Expectation] | None = Field(
+        None, description="Claims checked on every run. Absent: the default claim that each "
+        "compressing mode (amp-fp16, amp-bf16) cuts comm time and its spread against fp32.")
 
     _path: Path | None = PrivateAttr(None)
 
@@ -259,6 +268,13 @@ class Scenario(_Strict):
                     for role, node in (("source", flow.source), ("destination", flow.destination))]
             if ends[0] == ends[1]:
                 raise ValueError(f"background.{i}.destination: a flow needs two different nodes")
+        for i, expectation in enumerate(self.expect or []):
+            modes = self.workload.modes if self.workload else []
+            for role in ("mode", "vs"):
+                mode = getattr(expectation, role)
+                if mode is not None and mode not in modes:
+                    raise ValueError(f"expect.{i}.{role}: mode {mode!r} is not run by this "
+                                     f"scenario; workload.modes are {', '.join(modes) or 'none'}")
         for index, name in enumerate(names):
             link = self.link_for(index)
             if link.jitter > 0 and link.delay == 0:

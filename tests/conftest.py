@@ -13,3 +13,6 @@ def needs_fabric(capabilities):
     if not capabilities.can_build:
         pytest.skip(f"this host cannot build namespaces and shaped veths: {capabilities.error}")
     return capabilities
+
+
+pytest_plugins = ["pytester"]

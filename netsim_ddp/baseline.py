@@ -1,0 +1,173 @@
+"""Baseline files: a run's raw samples and summaries, saved to gate later runs against.
+
+The file is pytest-benchmark's JSON format (one benchmark per scenario and mode, its stats
+those of the iteration time), so `pytest-benchmark compare FILE...` reads and tabulates it;
+netsim-ddp's own data (every series' raw samples, wire bytes, the scenario) rides in each
+benchmark's `extra_info`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import platform
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from .gate import Tolerance, Verdict, regression_verdict
+from .runner import ScenarioReport
+
+FORMAT = 1
+
+
+class BaselineError(ValueError):
+    """A baseline that cannot be used; the message names the file and what is wrong."""
+
+
+def scenario_digest(report: ScenarioReport) -> str:
+    """What the numbers depend on: network and workload (not names, descriptions, or the
+    number of iterations measured)."""
+    data = report.scenario.model_dump(mode="json", exclude={"name", "description", "fidelity"})
+    if data.get("workload"):
+        data["workload"].pop("iterations", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _stats(samples: Sequence[float]) -> dict[str, object]:
+    """pytest-benchmark's stats block for a list of seconds."""
+    import statistics
+
+    values = sorted(samples)
+    n = len(values)
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if n > 1 else (values * 3)
+    iqr = q3 - q1
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    low = min((v for v in values if v >= q1 - 1.5 * iqr), default=values[0])
+    high = max((v for v in values if v <= q3 + 1.5 * iqr), default=values[-1])
+    return {
+        "min": values[0], "max": values[-1], "mean": mean, "stddev": std, "rounds": n,
+        "median": statistics.median(values), "iqr": iqr, "q1": q1, "q3": q3,
+        "iqr_outliers": sum(1 for v in values if v < low or v > high),
+        "stddev_outliers": sum(1 for v in values if abs(v - mean) > std),
+        "outliers": "", "ld15iqr": low, "hd15iqr": high, "ops": 1 / mean if mean else 0.0,
+        "total": sum(values), "data": list(samples), "iterations": 1,
+    }
+
+
+def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
+    benchmarks = []
+    for report in reports:
+        for mode, result in report.modes.items():
+            r = result.result
+            benchmarks.append({
+                "group": report.scenario.name,
+                "name": f"{report.scenario.name}[{mode}]",
+                "fullname": f"{report.scenario.path or report.scenario.name}::"
+                            f"{report.scenario.name}[{mode}]",
+                "params": {"mode": mode}, "param": mode, "options": {"timer": "perf_counter"},
+                "stats": _stats(r.iteration_s),
+                "extra_info": {"netsim_ddp": {
+                    "scenario": report.scenario.name, "digest": scenario_digest(report),
+                    "mode": mode, "iteration_s": r.iteration_s, "comm_s": r.comm_s,
+                    "compute_s": r.compute_s,
+                    "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
+            })
+    document = {
+        "machine_info": {"node": socket.gethostname(), "machine": platform.machine(),
+                         "python_version": platform.python_version(), "system": platform.system(),
+                         "release": platform.release()},
+        "commit_info": {},
+        "benchmarks": benchmarks,
+        "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
+        "version": "5.1.0",  # the pytest-benchmark file format this follows
+        "netsim_ddp": {"format": FORMAT, "version": __version__},
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(document, indent=1))
+    temporary.rename(path)  # never a half-written baseline
+    return path
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    digest: str
+    samples: dict[str, list[float]]
+    wire_bytes_per_iteration: float
+
+
+class Baseline:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            document = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            raise BaselineError(f"{self.path}: no such baseline file; make one with "
+                                "--save-baseline (netsim-ddp run) or --netsim-save-baseline "
+                                "(pytest)") from None
+        except (OSError, ValueError) as exc:
+            raise BaselineError(f"{self.path}: not a readable baseline: {exc}") from None
+        meta = document.get("netsim_ddp") if isinstance(document, dict) else None
+        if not isinstance(meta, dict) or "format" not in meta:
+            raise BaselineError(f"{self.path}: not a netsim-ddp baseline (a plain "
+                                "pytest-benchmark file has no netsim-ddp samples)")
+        if meta["format"] != FORMAT:
+            raise BaselineError(f"{self.path}: baseline format {meta['format']} (netsim-ddp "
+                                f"{meta.get('version')}); this netsim-ddp reads format {FORMAT}:"
+                                " save a new baseline")
+        self.entries: dict[tuple[str, str], BaselineEntry] = {}
+        for bench in document.get("benchmarks", []):
+            data = bench["extra_info"]["netsim_ddp"]
+            self.entries[(data["scenario"], data["mode"])] = BaselineEntry(
+                data["digest"],
+                {key: data[key] for key in ("iteration_s", "comm_s", "compute_s")},
+                data["wire_bytes_per_iteration"])
+
+    def scenarios(self) -> set[str]:
+        return {scenario for scenario, _ in self.entries}
+
+    def compare(self, report: ScenarioReport, tolerances: Sequence[Tolerance],
+                alpha: float) -> list[Verdict]:
+        name = report.scenario.name
+        if name not in self.scenarios():
+            raise BaselineError(f"{self.path}: has no scenario {name!r} (it holds "
+                                f"{', '.join(sorted(self.scenarios())) or 'none'}); save a "
+                                "baseline of this scenario first")
+        verdicts = []
+        digest = scenario_digest(report)
+        for mode, current in report.modes.items():
+            entry = self.entries.get((name, mode))
+            if entry is None:
+                verdicts.append(Verdict(f"baseline:{mode}", False,
+                                        f"{name}[{mode}]: not in baseline {self.path}"))
+                continue
+            note = ("" if entry.digest == digest else
+                    " (the baseline was taken with a different network or workload)")
+            for tolerance in tolerances:
+                verdict = regression_verdict(name, mode, tolerance, current,
+                                             _baseline_value(tolerance, entry),
+                                             _baseline_samples(tolerance, entry), alpha)
+                verdicts.append(Verdict(verdict.name, verdict.passed, verdict.detail + note,
+                                        verdict.p_value))
+        return verdicts
+
+
+def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float] | None:
+    series = tolerance.metric.series
+    if series == "scaling_efficiency":
+        return [c / i for c, i in zip(entry.samples["compute_s"], entry.samples["iteration_s"])]
+    return entry.samples.get(series)
+
+
+def _baseline_value(tolerance: Tolerance, entry: BaselineEntry) -> float:
+    from .metrics import statistic
+
+    if tolerance.metric.stat is None:
+        return entry.wire_bytes_per_iteration
+    return statistic(_baseline_samples(tolerance, entry), tolerance.metric.stat)

@@ -1,0 +1,303 @@
+"""A cost model of one DDP step, fitted to measured points, and projections from it.
+
+The model (README words: compute, comm, ring all-reduce, scaling efficiency):
+
+    allreduce(n, S, k)  = 2(n-1)/n x S / (eff x link)  +  2(n-1) x k x alpha
+    exposed comm        = max(0, allreduce - overlap x compute)
+    step                = compute + exposed comm
+    scaling efficiency  = compute / step
+
+n is the world size (ranks in the ring), S the bytes one rank hands to all-reduce per step (what
+the comm hook sends: FP32 gradients, or half of them with a 16-bit hook), k the all-reduce calls
+(DDP buckets) per step, link the slowest link's rate. Three parameters are fitted:
+
+- `alpha_s`: the per-hop latency of one ring step (2(n-1) hops per bucket): the network's
+  round trips plus the collective library's per-message overhead.
+- `bandwidth_efficiency`: the fraction of the link rate the all-reduce achieves (headers, TCP,
+  the library): effective bandwidth B = eff x link. Kept as a fraction so the model carries over
+  to other link rates in a projection.
+- `overlap`: the fraction of the compute-only step during which communication can run hidden
+  (backward overlapping the bucket all-reduces). 0 = nothing hides; 1 = all of compute can.
+
+The fit. Where communication is exposed (every multi-rank point on a network-bound host),
+step - compute = a x (1/eff) + b x alpha - compute x overlap with a = 2(n-1)/n x S x 8 / link and
+b = 2(n-1) x k: *linear* in (1/eff, alpha, overlap). So the fit is a bounded linear least
+squares (`scipy.optimize.lsq_linear`, eff <= 1, alpha >= 0, 0 <= overlap <= 1) on relative
+residuals (each row divided by its measured step, so the fit minimises the relative error the
+held-out check reports), then one bounded nonlinear refinement with the max(0, .) in place
+(`scipy.optimize.least_squares`), which only matters when some points hide all their
+communication. Single-rank points carry no information on the network (their all-reduce is
+zero) and are left out of the fit; they are still predicted (step = compute).
+
+Identifiability: alpha and overlap both add a near-constant to each point's exposed comm unless
+the points vary the hop count 2(n-1)k and the compute time; `FitResult.condition` reports the
+condition number of the (scaled) design matrix so a sweep that cannot separate them says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from .metrics import ring_factor
+
+MIN_EFFICIENCY = 1e-3  # bounds of the fit; eff above 1 would beat the wire
+MAX_ALPHA_S = 10.0
+PROJECTION_LABEL = ("PROJECTION: computed from a cost model fitted on this host's measurements, "
+                    "not measured")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured (or to-be-predicted) configuration of one mode."""
+
+    mode: str
+    world_size: int
+    link_bps: float  # the slowest link's rate, bits/s
+    bytes_per_rank: float  # S: bytes one rank hands to all-reduce per step
+    buckets: int  # all-reduce calls per step
+    compute_s: float  # compute-only step time
+    step_s: float | None = None  # measured step time; None for a pure prediction
+    label: str = ""
+
+    @property
+    def bandwidth_term(self) -> float:
+        """2(n-1)/n x S / link, seconds at 100% link efficiency."""
+        return ring_factor(self.world_size) * self.bytes_per_rank * 8 / self.link_bps
+
+    @property
+    def hops(self) -> int:
+        """Latency-bound ring steps per step: 2(n-1) per bucket."""
+        return 2 * (self.world_size - 1) * self.buckets if self.world_size > 1 else 0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    alpha_s: float
+    bandwidth_efficiency: float
+    overlap: float
+
+    def allreduce_s(self, point: StepPoint) -> float:
+        if point.world_size <= 1:
+            return 0.0
+        return point.bandwidth_term / self.bandwidth_efficiency + point.hops * self.alpha_s
+
+    def exposed_comm_s(self, point: StepPoint) -> float:
+        return max(0.0, self.allreduce_s(point) - self.overlap * point.compute_s)
+
+    def step_s(self, point: StepPoint) -> float:
+        return point.compute_s + self.exposed_comm_s(point)
+
+    def efficiency(self, point: StepPoint) -> float:
+        return point.compute_s / self.step_s(point)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass
+class FitResult:
+    model: CostModel
+    points: list[StepPoint]  # the points the fit used
+    relative_residuals: list[float]  # (predicted - measured) / measured, per fitted point
+    condition: float  # of the column-scaled design matrix; large = parameters not separable
+    method: str
+
+    @property
+    def rms_relative_error(self) -> float:
+        if not self.relative_residuals:
+            return 0.0
+        return math.sqrt(sum(r * r for r in self.relative_residuals) / len(self.relative_residuals))
+
+    @property
+    def identifiable(self) -> bool:
+        return len(self.points) >= 3 and self.condition < 1e3
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "model": self.model.as_dict(),
+            "method": self.method,
+            "fitted_points": [_point_dict(p) for p in self.points],
+            "relative_residuals": self.relative_residuals,
+            "rms_relative_error": self.rms_relative_error,
+            "condition": self.condition,
+            "identifiable": self.identifiable,
+        }
+
+
+class FitError(ValueError):
+    """Too few points with communication to fit the model."""
+
+
+def fit(points: Iterable[StepPoint]) -> FitResult:
+    """Fit alpha, bandwidth efficiency and overlap to measured points (see the module doc)."""
+    from scipy.optimize import least_squares, lsq_linear
+
+    usable = [p for p in points if p.world_size > 1 and p.step_s is not None]
+    if len(usable) < 2:
+        raise FitError(f"{len(usable)} measured multi-rank point(s): the fit needs at least 2 "
+                       "(better 3 or more, varying world size and bytes)")
+    measured = np.array([p.step_s for p in usable], dtype=float)
+    compute = np.array([p.compute_s for p in usable], dtype=float)
+    design = np.column_stack([
+        [p.bandwidth_term for p in usable],  # x 1/eff
+        [p.hops for p in usable],  # x alpha
+        -compute,  # x overlap
+    ]) / measured[:, None]
+    target = (measured - compute) / measured
+    lower = np.array([1.0, 0.0, 0.0])
+    upper = np.array([1 / MIN_EFFICIENCY, MAX_ALPHA_S, 1.0])
+    linear = lsq_linear(design, target, bounds=(lower, upper), method="bvls")
+    # The condition number of the design with unit-norm columns: scale-free, so it says whether
+    # the points separate the parameters, not whether seconds and bytes differ in magnitude.
+    norms = np.linalg.norm(design, axis=0)
+    norms[norms == 0] = 1.0
+    singular = np.linalg.svd(design / norms, compute_uv=False)
+    condition = (float(singular[0] / singular[-1])
+                 if len(singular) == design.shape[1] and singular[-1] > 0 else float("inf"))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        # design @ x x measured = allreduce - overlap x compute, in seconds
+        comm = np.maximum(0.0, design @ x * measured)
+        return (compute + comm - measured) / measured
+
+    start = np.clip(linear.x, lower + 1e-12, upper - 1e-12)
+    refined = least_squares(residuals, start, bounds=(lower, upper), method="trf",
+                            x_scale="jac")
+    if 2 * refined.cost <= float(np.sum(residuals(linear.x) ** 2)):
+        x, method = refined.x, "lsq_linear + least_squares refinement"
+    else:
+        x, method = linear.x, "lsq_linear"
+    model = CostModel(alpha_s=float(x[1]), bandwidth_efficiency=float(1 / x[0]),
+                      overlap=float(x[2]))
+    relative = [float(r) for r in residuals(x)]
+    return FitResult(model, usable, relative, condition, method)
+
+
+@dataclass
+class HoldoutResult:
+    """Fit on some points, predict the others, and how far off the predictions were."""
+
+    fit: FitResult
+    held_out: list[StepPoint]
+    predicted_s: list[float]
+    target: float = 0.15
+
+    @property
+    def errors(self) -> list[float]:
+        """(predicted - measured) / measured, per held-out point."""
+        return [(pred - p.step_s) / p.step_s
+                for p, pred in zip(self.held_out, self.predicted_s, strict=True)
+                if p.step_s is not None]
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((abs(e) for e in self.errors), default=0.0)
+
+    @property
+    def within_target(self) -> bool:
+        return self.max_abs_error <= self.target
+
+    def errors_by_mode(self) -> dict[str, float]:
+        return {p.mode: e for p, e in zip(self.held_out, self.errors, strict=True)}
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "fit": self.fit.as_dict(),
+            "held_out": [{**_point_dict(p), "predicted_s": pred, "error": err,
+                          "predicted_efficiency": p.compute_s / pred,
+                          "measured_efficiency": (p.compute_s / p.step_s if p.step_s else None)}
+                         for p, pred, err in zip(self.held_out, self.predicted_s, self.errors,
+                                                 strict=True)],
+            "errors_by_mode": self.errors_by_mode(),
+            "max_abs_error": self.max_abs_error,
+            "target": self.target,
+            "within_target": self.within_target,
+        }
+
+
+def holdout(train: Sequence[StepPoint], held_out: Sequence[StepPoint],
+            target: float = 0.15) -> HoldoutResult:
+    fitted = fit(train)
+    return HoldoutResult(fitted, list(held_out), [fitted.model.step_s(p) for p in held_out],
+                         target)
+
+
+@dataclass
+class Projection:
+    model: CostModel
+    compute_s: dict[str, float]  # per mode, the per-GPU compute-only step
+    bytes_per_rank: dict[str, float]
+    buckets: dict[str, int]
+    rows: list[dict[str, float | int | str]] = field(default_factory=list)
+    label: str = PROJECTION_LABEL
+    alpha_source: str = ("as fitted here (gloo over emulated links on a CPU host, its "
+                         "per-message overheads included)")
+
+    def assumptions(self) -> list[str]:
+        m = self.model
+        return [
+            "one GPU per link, all links at the given rate, one flat ring all-reduce over all "
+            "GPUs (no hierarchy, no NVLink inside a server, no tree or in-network reduction)",
+            f"per-hop latency alpha = {m.alpha_s * 1e3:.3f} ms {self.alpha_source}; 2(n-1) "
+            "hops per bucket, so at 1024 GPUs the latency term can dominate",
+            f"the all-reduce reaches {m.bandwidth_efficiency:.0%} of the link rate, the fraction "
+            "measured here, assumed to hold at 10-100 Gbit/s (real NICs and NCCL differ)",
+            f"overlap = {m.overlap:.2f} of the compute step can hide communication, as fitted",
+            "compute per GPU does not change with the number of GPUs (weak scaling, the same "
+            "per-GPU batch)",
+            "bytes per step and buckets per mode as measured (the comm hook's bytes, DDP buckets)",
+        ]
+
+    def efficiency(self, mode: str, gpus: int, link_bps: float) -> float:
+        for row in self.rows:
+            if row["mode"] == mode and row["gpus"] == gpus and row["link_bps"] == link_bps:
+                return float(row["efficiency"])
+        raise KeyError((mode, gpus, link_bps))
+
+    def as_dict(self) -> dict[str, object]:
+        return {"label": self.label, "model": self.model.as_dict(),
+                "assumptions": self.assumptions(), "alpha_source": self.alpha_source,
+                "compute_s": self.compute_s,
+                "bytes_per_rank": self.bytes_per_rank, "buckets": self.buckets,
+                "rows": self.rows}
+
+
+def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
+            bytes_per_rank: Mapping[str, float], buckets: Mapping[str, int],
+            gpus: Sequence[int] = (16, 64, 256, 1024),
+            link_bps: Sequence[float] = (10e9, 25e9, 100e9),
+            alpha_s: float | None = None) -> Projection:
+    """Scaling efficiency of each mode at each GPU count and link rate, from the model;
+    `alpha_s` replaces the fitted per-hop latency with the target cluster's."""
+    fitted_alpha = model.alpha_s
+    if alpha_s is not None:
+        model = replace(model, alpha_s=float(alpha_s))
+    modes = list(bytes_per_rank)
+    compute = ({mode: float(compute_s) for mode in modes} if isinstance(compute_s, int | float)
+               else {mode: float(compute_s[mode]) for mode in modes})
+    projection = Projection(model, compute, dict(bytes_per_rank),
+                            {mode: int(buckets[mode]) for mode in modes})
+    if alpha_s is not None:
+        projection.alpha_source = (f"as given for the target cluster (fitted here: "
+                                   f"{fitted_alpha * 1e3:.3f} ms)")
+    for mode in modes:
+        for rate in link_bps:
+            for n in gpus:
+                point = StepPoint(mode, n, rate, bytes_per_rank[mode], int(buckets[mode]),
+                                  compute[mode])
+                step = model.step_s(point)
+                projection.rows.append({
+                    "mode": mode, "gpus": n, "link_bps": rate, "step_s": step,
+                    "allreduce_s": model.allreduce_s(point),
+                    "exposed_comm_s": model.exposed_comm_s(point),
+                    "efficiency": compute[mode] / step,
+                })
+    return projection
+
+
+def _point_dict(point: StepPoint) -> dict[str, object]:
+    return asdict(point)

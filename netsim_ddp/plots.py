@@ -1,0 +1,371 @@
+"""Plots and a report from the JSON `netsim-ddp run --json` writes (and the sweeps it adds).
+
+    from netsim_ddp.plots import report
+    report("results.json", "report/")   # -> report/report.md (+ report.html and PNGs)
+
+PNG via matplotlib's Agg backend (no display needed). Figures:
+- per scenario (and per sweep point): the distributions of iteration and exposed comm time per
+  mode (the jitter);
+- wire bytes per iteration per mode;
+- per sweep: scaling efficiency vs world size, measured and as the fitted model predicts it
+  (the held-out point marked), throughput, and the projection to 16-1024 GPUs, labelled as one.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from .costmodel import PROJECTION_LABEL, CostModel, StepPoint
+
+MODE_COLORS = {"fp32": "#1f77b4", "amp": "#ff7f0e", "amp-fp16": "#2ca02c", "amp-bf16": "#d62728"}
+RATE_STYLES = ["-", "--", ":", "-."]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(mode: str, index: int) -> str:
+    return MODE_COLORS.get(mode, f"C{index + 4}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
+
+
+def plot_jitter(entry: dict[str, Any], path: Path, title: str | None = None) -> Path:
+    """Iteration and exposed comm time per mode: box plots with every sample drawn on top."""
+    plt = _pyplot()
+    modes = entry["modes"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=False)
+    for ax, key, label in ((axes[0], "iteration_s", "iteration time (ms)"),
+                           (axes[1], "comm_s", "exposed comm time (ms)")):
+        data = [[v * 1e3 for v in modes[m][key]] for m in modes]
+        ax.boxplot(data, showfliers=False)
+        ax.set_xticks(range(1, len(modes) + 1), list(modes))
+        for i, (mode, values) in enumerate(zip(modes, data, strict=True)):
+            xs = [i + 1 + 0.12 * ((j % 5) - 2) / 2 for j in range(len(values))]
+            ax.scatter(xs, values, s=12, color=_color(mode, i), alpha=0.7, zorder=3)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title or f"{entry['name']}: per-iteration distributions (jitter)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_wire_bytes(groups: list[tuple[str, dict[str, Any]]], path: Path,
+                    title: str = "wire bytes per iteration (all nodes, background excluded)"
+                    ) -> Path:
+    """Grouped bars: for each scenario or sweep point, the MB each mode put on the wire."""
+    plt = _pyplot()
+    modes: list[str] = []
+    for _, entry in groups:
+        modes += [m for m in entry["modes"] if m not in modes]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) + 2), 3.6))
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        xs, ys = [], []
+        for g, (_, entry) in enumerate(groups):
+            if mode in entry["modes"]:
+                xs.append(g + (i - (len(modes) - 1) / 2) * width)
+                ys.append(entry["modes"][mode]["wire_bytes_per_iteration"] / 1e6)
+        bars = ax.bar(xs, ys, width, label=mode, color=_color(mode, i))
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(range(len(groups)), [label for label, _ in groups])
+    ax.set_ylabel("MB per iteration")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _sweep_mode_points(sweep: dict[str, Any]) -> dict[str, list[StepPoint]]:
+    """Per mode, the measured StepPoints of the sweep's usable points, by world size."""
+    out: dict[str, list[StepPoint]] = {}
+    for point in sweep["points"]:
+        scenario = point["scenario"]
+        for mode, numbers in point["modes"].items():
+            link = _slowest_rate(scenario["scenario"])
+            out.setdefault(mode, []).append(StepPoint(
+                mode, point["world_size"], link, numbers["hook_bytes_per_iteration"],
+                numbers["buckets"], numbers["compute_s"], numbers["step_s"], point["label"]))
+    for points in out.values():
+        points.sort(key=lambda p: p.world_size)
+    return out
+
+
+def _slowest_rate(scenario: dict[str, Any]) -> float:
+    from .units import parse_rate
+
+    rates = [scenario["link"]["rate"]] + [o["rate"] for o in scenario["link"].get("override", [])
+                                          if o.get("rate") is not None]
+    return min(parse_rate(r) if isinstance(r, str) else float(r) for r in rates)
+
+
+def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
+    """Scaling efficiency and throughput vs world size: measured, and the fitted model."""
+    plt = _pyplot()
+    by_mode = _sweep_mode_points(sweep)
+    fit = sweep.get("fit")
+    holdout = sweep.get("holdout")
+    held_labels = {(p["label"], p["mode"]) for p in holdout["held_out"]} if holdout else set()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (mode, points) in enumerate(by_mode.items()):
+        color = _color(mode, i)
+        worlds = [p.world_size for p in points]
+        ax.plot(worlds, [p.compute_s / p.step_s for p in points], "o-", color=color,
+                label=f"{mode} measured")
+        numbers = {p["world_size"]: p["modes"][mode] for p in sweep["points"]
+                   if mode in p["modes"]}
+        ax2.plot(sorted(numbers), [numbers[n]["throughput_samples_s"] for n in sorted(numbers)],
+                 "o-", color=color, label=mode)
+        if fit:
+            model = CostModel(**fit["model"])
+            ref = points[-1]
+            compute = statistics.median(p.compute_s for p in points)
+            grid = list(range(1, max(worlds) + 1))
+            predicted = [model.efficiency(StepPoint(mode, n, ref.link_bps, ref.bytes_per_rank,
+                                                    ref.buckets, compute)) for n in grid]
+            ax.plot(grid, predicted, "--", color=color, alpha=0.6,
+                    label=f"{mode} model (all points)")
+        if holdout:
+            for h in holdout["held_out"]:
+                if h["mode"] == mode:
+                    ax.scatter([h["world_size"]], [h["predicted_efficiency"]], marker="x", s=60,
+                               color=color, zorder=4,
+                               label=f"{mode} held-out prediction ({h['error']:+.0%})")
+        for p in points:
+            if (p.label, mode) in held_labels:
+                ax.scatter([p.world_size], [p.compute_s / p.step_s], s=120,
+                           facecolors="none", edgecolors=color, zorder=4)
+    ax.set_xlabel("world size (ranks; 1 per node unless swept)")
+    ax.set_ylabel("scaling efficiency (compute / step)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("measured (o), model (--), held-out (circled; x = predicted)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax2.set_xlabel("world size")
+    ax2.set_ylabel("throughput (samples/s, all ranks)")
+    ax2.set_title("measured throughput", fontsize=9)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"{sweep['name']}: scaling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
+    plt = _pyplot()
+    projection = sweep["projection"]
+    rows = projection["rows"]
+    rates = sorted({row["link_bps"] for row in rows})
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, mode in enumerate(projection["compute_s"]):
+        for j, rate in enumerate(rates):
+            cells = sorted((row["gpus"], row["efficiency"]) for row in rows
+                           if row["mode"] == mode and row["link_bps"] == rate)
+            ax.plot([c[0] for c in cells], [c[1] for c in cells],
+                    RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=_color(mode, i),
+                    label=f"{mode}, {rate / 1e9:g} Gbit/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("GPUs (one per link, flat ring)")
+    ax.set_ylabel("projected scaling efficiency")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("PROJECTION (cost model fitted here, not measured)", color="#b00000")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+class _Doc:
+    """A report written once, rendered as Markdown and as HTML."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[str, Any]] = []
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.blocks.append(("h", (level, text)))
+
+    def para(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.blocks.append(("t", (header, rows)))
+
+    def image(self, name: str, alt: str) -> None:
+        self.blocks.append(("i", (name, alt)))
+
+    def markdown(self) -> str:
+        out = []
+        for kind, value in self.blocks:
+            if kind == "h":
+                out.append("#" * value[0] + " " + value[1])
+            elif kind == "p":
+                out.append(value)
+            elif kind == "t":
+                header, rows = value
+                lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                lines += ["| " + " | ".join(row) + " |" for row in rows]
+                out.append("\n".join(lines))
+            else:
+                out.append(f"![{value[1]}]({value[0]})")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        out = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>",
+               "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+               "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;"
+               "text-align:right}img{max-width:100%}</style>"]
+        for kind, value in self.blocks:
+            if kind == "h":
+                out.append(f"<h{value[0]}>{html.escape(value[1])}</h{value[0]}>")
+            elif kind == "p":
+                out.append(f"<p>{html.escape(value)}</p>")
+            elif kind == "t":
+                header, rows = value
+                cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+                body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row)
+                               + "</tr>" for row in rows)
+                out.append(f"<table><tr>{cells}</tr>{body}</table>")
+            else:
+                out.append(f"<img src='{html.escape(value[0])}' alt='{html.escape(value[1])}'>")
+        return "\n".join(out) + "\n"
+
+
+def _mode_rows(entry: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for mode, m in entry["modes"].items():
+        s = m["summary"]
+        rows.append([mode, f"{s['iteration_s']['median'] * 1e3:.1f}",
+                     f"{s['iteration_s']['p95'] * 1e3:.1f}", f"{s['comm_s']['median'] * 1e3:.1f}",
+                     f"{s['comm_s']['std'] * 1e3:.1f}", f"{s['compute_s']['median'] * 1e3:.1f}",
+                     f"{m['scaling_efficiency']:.2f}",
+                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}"])
+    return rows
+
+
+MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB"]
+
+
+def report(results_json_path: str | Path, out_dir: str | Path) -> Path:
+    """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path."""
+    document = json.loads(Path(results_json_path).read_text())
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = _Doc()
+    doc.heading("netsim-ddp report", 1)
+    doc.para(f"From `{Path(results_json_path).name}` (netsim-ddp {document.get('netsim_ddp')}). "
+             "Medians over measured iterations; eff = compute-only / iteration time; wire MB "
+             "per iteration, all nodes.")
+    scenarios = [s for s in document.get("scenarios", []) if s.get("modes")]
+    for entry in document.get("scenarios", []):
+        doc.heading(f"Scenario {entry['name']}: {entry['status']}")
+        if entry.get("refused") or entry.get("error"):
+            doc.para(entry.get("refused") or entry.get("error"))
+            continue
+        if not entry.get("modes"):
+            continue
+        doc.table(MODE_HEADER, _mode_rows(entry))
+        name = f"jitter-{_slug(entry['name'])}.png"
+        plot_jitter(entry, out / name)
+        doc.image(name, f"{entry['name']}: iteration and comm time distributions")
+    if scenarios:
+        plot_wire_bytes([(s["name"], s) for s in scenarios], out / "wire-bytes.png")
+        doc.heading("Wire bytes per mode")
+        doc.image("wire-bytes.png", "wire bytes per iteration per mode")
+    for sweep in document.get("sweeps", []):
+        _sweep_section(doc, sweep, out)
+    (out / "report.md").write_text(doc.markdown())
+    (out / "report.html").write_text(doc.html("netsim-ddp report"))
+    return out / "report.md"
+
+
+def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:
+    slug = _slug(sweep["name"])
+    doc.heading(f"Sweep {sweep['name']} over {', '.join(sweep['axes'])}")
+    rows = []
+    for point in sweep["points"]:
+        for mode, m in point["modes"].items():
+            rows.append([point["label"], mode, str(point["world_size"]),
+                         f"{m['step_s'] * 1e3:.1f}", f"{m['compute_s'] * 1e3:.1f}",
+                         f"{m['comm_s'] * 1e3:.1f}", f"{m['comm_sd_s'] * 1e3:.1f}",
+                         f"{m['scaling_efficiency']:.2f}", f"{m['throughput_samples_s']:.0f}",
+                         f"{m['wire_bytes_per_iteration'] / 1e6:.1f}"])
+        if not point["modes"]:
+            rows.append([point["label"], "-", str(point["world_size"]), point["status"]]
+                        + [""] * 6)
+    doc.table(["point", "mode", "ranks", "step ms", "compute ms", "comm ms", "comm sd", "eff",
+               "samples/s", "wire MB"], rows)
+    if any(p["modes"] for p in sweep["points"]):
+        plot_scaling(sweep, out / f"scaling-{slug}.png")
+        doc.image(f"scaling-{slug}.png", "scaling efficiency and throughput vs world size")
+        groups = [(p["label"], p["scenario"]) for p in sweep["points"] if p["modes"]]
+        plot_wire_bytes(groups, out / f"wire-bytes-{slug}.png")
+        doc.image(f"wire-bytes-{slug}.png", "wire bytes per mode at each sweep point")
+        for i, point in enumerate(sweep["points"]):
+            if point["modes"] and point["world_size"] > 1:
+                name = f"jitter-{slug}-{i}.png"
+                plot_jitter(point["scenario"], out / name,
+                            f"{sweep['name']} at {point['label']}: jitter")
+                doc.image(name, f"jitter at {point['label']}")
+    holdout = sweep.get("holdout")
+    if holdout:
+        m = holdout["fit"]["model"]
+        doc.heading("Cost model: held-out check", 3)
+        doc.para(f"Fitted on the smaller points only: alpha {m['alpha_s'] * 1e3:.2f} ms per "
+                 f"hop, all-reduce bandwidth {m['bandwidth_efficiency']:.0%} of the link, "
+                 f"overlap {m['overlap']:.2f} of compute. Max |error| on the held-out points "
+                 f"{holdout['max_abs_error']:.1%} (target {holdout['target']:.0%}: "
+                 f"{'met' if holdout['within_target'] else 'NOT met'}).")
+        doc.table(["point", "mode", "measured step ms", "predicted ms", "error"],
+                  [[h["label"], h["mode"], f"{h['step_s'] * 1e3:.1f}",
+                    f"{h['predicted_s'] * 1e3:.1f}", f"{h['error']:+.1%}"]
+                   for h in holdout["held_out"]])
+    fit = sweep.get("fit")
+    if fit:
+        m = fit["model"]
+        doc.para(f"Model on all points (used for the projection): alpha "
+                 f"{m['alpha_s'] * 1e3:.2f} ms, bandwidth {m['bandwidth_efficiency']:.0%} of the "
+                 f"link, overlap {m['overlap']:.2f}; rms relative error "
+                 f"{fit['rms_relative_error']:.1%}, condition {fit['condition']:.0f}"
+                 f"{'' if fit['identifiable'] else ' (parameters poorly separated)'}.")
+    projection = sweep.get("projection")
+    if projection:
+        doc.heading("PROJECTION (not measured)", 3)
+        doc.para(projection.get("label", PROJECTION_LABEL) + ". Assumptions: "
+                 + "; ".join(projection["assumptions"]) + ".")
+        rates = sorted({row["link_bps"] for row in projection["rows"]})
+        gpus = sorted({row["gpus"] for row in projection["rows"]})
+        rows = []
+        for mode, compute in projection["compute_s"].items():
+            for rate in rates:
+                cells = {row["gpus"]: row["efficiency"] for row in projection["rows"]
+                         if row["mode"] == mode and row["link_bps"] == rate}
+                rows.append([mode, f"{compute * 1e3:.1f}", f"{rate / 1e9:g}"]
+                            + [f"{cells[n]:.2f}" for n in gpus])
+        doc.table(["mode", "compute ms", "Gbit/s"] + [f"{n} GPUs" for n in gpus], rows)
+        plot_projection(sweep, out / f"projection-{slug}.png")
+        doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
+    for note in sweep.get("notes", []):
+        doc.para(f"Note: {note}")

@@ -1,0 +1,172 @@
+"""A session of scenario runs, as the CLI and the pytest plugin share it: options, the
+baseline to gate against, the reports gathered, and what is written at the end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .baseline import Baseline, BaselineError, save
+from .gate import Tolerance, Verdict
+from .runner import ScenarioReport, results_document, run_scenario
+from .scenario import Scenario
+
+DEFAULT_TOLERANCES = ("median:10%",)
+
+
+class SessionOptionError(ValueError):
+    """A bad option: a tolerance that cannot be read, a baseline that cannot be used."""
+
+
+@dataclass
+class NetsimSession:
+    tolerances: list[Tolerance]
+    alpha: float = 0.05
+    baseline: Baseline | None = None
+    save_baseline: Path | None = None
+    json_path: Path | None = None
+    iterations: int | None = None
+    out_dir: Path | None = None
+    allow_untrusted: bool = False
+    timeout_s: float | None = None
+    scenario_dirs: list[Path] = field(default_factory=list)
+    explicit_files: set[Path] = field(default_factory=set)
+    reports: list[ScenarioReport] = field(default_factory=list)
+    sweeps: list = field(default_factory=list)  # netsim_ddp.sweep.SweepReport
+
+    @classmethod
+    def create(cls, *, tolerances: list[str] | None = None, baseline: str | None = None,
+               **options) -> NetsimSession:
+        try:
+            parsed = [Tolerance.parse(text) for text in (tolerances or DEFAULT_TOLERANCES)]
+            loaded = Baseline(baseline) if baseline else None
+        except (ValueError, BaselineError) as exc:
+            raise SessionOptionError(str(exc)) from None
+        if not 0 < options.get("alpha", 0.05) < 1:
+            raise SessionOptionError(f"alpha must be between 0 and 1, got {options['alpha']}")
+        return cls(tolerances=parsed, baseline=loaded, **options)
+
+    @classmethod
+    def from_config(cls, config) -> NetsimSession:
+        """From pytest's options."""
+        option = config.getoption
+        root = Path(config.rootpath)
+        path = lambda value: Path(value) if value else None  # noqa: E731
+        return cls.create(
+            tolerances=option("netsim_tolerance"), baseline=option("netsim_baseline"),
+            alpha=option("netsim_alpha"), save_baseline=path(option("netsim_save_baseline")),
+            json_path=path(option("netsim_json")), iterations=option("netsim_iterations"),
+            out_dir=path(option("netsim_out")), allow_untrusted=option("netsim_allow_untrusted"),
+            scenario_dirs=[(root / d).resolve() for d in config.getini("netsim_scenario_dirs")],
+            explicit_files={Path(arg.split("::")[0]).resolve() for arg in config.args},
+        )
+
+    def is_scenario_file(self, path: Path) -> bool:
+        """Scenario folders' *.toml files, and any .toml named on the command line (never a
+        pyproject.toml met on the way)."""
+        path = path.resolve()
+        return path in self.explicit_files or any(d in path.parents for d in self.scenario_dirs)
+
+    def _options(self, scenario: Scenario) -> dict[str, object]:
+        return {"iterations": self.iterations, "allow_untrusted": self.allow_untrusted,
+                "timeout_s": self.timeout_s,
+                "out_dir": self.out_dir / scenario.name if self.out_dir else None}
+
+    def run_sweep(self, scenario: Scenario, **overrides):
+        """A scenario with a [sweep]: every point, the cost model, hold-out and projection."""
+        from .sweep import run_sweep
+
+        sweep = run_sweep(scenario, scenario.sweep, **(self._options(scenario) | overrides))
+        self.sweeps.append(sweep)
+        return sweep
+
+    def run(self, scenario: Scenario, **overrides) -> ScenarioReport:
+        options = self._options(scenario)
+        try:
+            report = run_scenario(scenario, **(options | overrides))
+        except Exception as exc:  # recorded (a crashed rank, a host that lacks something)
+            from .fabric import FabricError
+            from .workload import WorkloadError
+
+            if not isinstance(exc, (FabricError, WorkloadError)):
+                raise
+            report = ScenarioReport(scenario, error=str(exc))
+        if self.baseline is not None and report.modes:
+            report.checks.extend(self.gate(report))
+        self.reports.append(report)
+        return report
+
+    def gate(self, report: ScenarioReport) -> list[Verdict]:
+        try:
+            return self.baseline.compare(report, self.tolerances, self.alpha)
+        except BaselineError as exc:  # a clear failure, never a silent pass
+            return [Verdict("baseline", False, str(exc))]
+
+    def document(self) -> dict[str, object]:
+        return results_document(self.reports, self.sweeps)
+
+    def finish(self) -> None:
+        if self.json_path is not None:
+            self.json_path.parent.mkdir(parents=True, exist_ok=True)
+            self.json_path.write_text(json.dumps(self.document(), indent=2))
+        measured = [report for report in self.reports if report.modes]
+        if self.save_baseline is not None and measured:
+            save(measured, self.save_baseline)
+
+    # -- what people read ---------------------------------------------------------------------
+
+    def summary_lines(self) -> list[str]:
+        if not self.reports:
+            return []
+        lines = ["", "netsim-ddp scenarios (medians; comm = exposed communication)"]
+        for report in self.reports:
+            failed = sum(not check.passed for check in report.checks)
+            lines.append(f"  {report.scenario.name}: {report.status.upper()}"
+                         + (f", {failed} failed check(s)" if failed else ""))
+            for mode, result in report.modes.items():
+                lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
+                             f"  comm {result.comm.median * 1e3:8.1f} ms"
+                             f" (sd {result.comm.std * 1e3:6.1f})"
+                             f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
+        if self.save_baseline is not None:
+            lines.append(f"  baseline saved to {self.save_baseline}")
+        if self.json_path is not None:
+            lines.append(f"  results written to {self.json_path}")
+        return lines
+
+    @staticmethod
+    def properties(report: ScenarioReport) -> list[tuple[str, object]]:
+        """Values for JUnit XML (record_property)."""
+        values: list[tuple[str, object]] = [("netsim.status", report.status)]
+        for mode, result in report.modes.items():
+            values += [(f"netsim.{mode}.iteration_s.median", result.iteration.median),
+                       (f"netsim.{mode}.comm_s.median", result.comm.median),
+                       (f"netsim.{mode}.comm_s.std", result.comm.std),
+                       (f"netsim.{mode}.wire_bytes_per_iteration",
+                        result.wire_bytes_per_iteration)]
+        return values
+
+    @staticmethod
+    def sweep_failure_text(sweep) -> str:
+        lines = [f"{sweep.scenario.name}: the sweep failed"]
+        for point in sweep.points:
+            if not point.report.passed:
+                lines.append(f"  point {point.as_dict()['label']}: "
+                             + NetsimSession.failure_text(point.report).replace("\n", "\n  "))
+        if sweep.holdout is not None and not sweep.holdout.within_target:
+            lines.append(f"  the cost model missed the held-out points by up to "
+                         f"{sweep.holdout.max_abs_error:.1%} (target {sweep.holdout.target:.0%})")
+        lines += [f"  note: {note}" for note in sweep.notes]
+        return "\n".join(lines)
+
+    @staticmethod
+    def failure_text(report: ScenarioReport) -> str:
+        if report.error:
+            return f"{report.scenario.name}: the run broke: {report.error}"
+        lines = [f"{report.scenario.name}: {sum(not c.passed for c in report.checks)} of "
+                 f"{len(report.checks)} checks failed"]
+        lines += [f"  FAILED {check.name}: {check.detail}"
+                  for check in report.checks if not check.passed]
+        lines += [f"  passed {check.name}" for check in report.checks if check.passed]
+        return "\n".join(lines)

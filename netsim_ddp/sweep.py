@@ -1,0 +1,301 @@
+"""Sweeps: run one scenario at several points (nodes, ranks per node, link rate, model size),
+report scaling efficiency and throughput per mode at each, fit the cost model, check it on a
+held-out point, and project to cluster sizes one host cannot emulate.
+
+In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConfig`):
+
+    [sweep]
+    nodes = [1, 2, 3]                # any of nodes, ranks_per_node, rate, params: the cross product
+    holdout = "largest"              # fit on the smaller points, predict the largest world size
+    target_error = 0.15
+    [sweep.projection]
+    gpus = [16, 64, 256, 1024]
+    rates = ["10gbit", "25gbit", "100gbit"]
+    compute = "120ms"                # your GPU's step time; default: the compute measured here
+
+The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a top-level "sweeps"
+list, each entry {name, axes, points: [{values, world_size, modes: {mode: per-point numbers},
+scenario: the same per-scenario dict as "scenarios"}], fit, holdout, projection}.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+
+from . import __version__
+from .costmodel import (
+    PROJECTION_LABEL,
+    FitError,
+    FitResult,
+    HoldoutResult,
+    Projection,
+    StepPoint,
+    fit,
+    holdout,
+    project,
+)
+from .runner import ScenarioReport, run_scenario, slowest_link_goodput
+from .scenario import Scenario
+from .sweepconfig import AXES, ProjectionConfig, SweepConfig
+
+Progress = Callable[[str], None]
+RunScenario = Callable[..., ScenarioReport]
+
+
+def point_scenario(scenario: Scenario, values: dict[str, Any]) -> Scenario:
+    """The scenario at one sweep point, validated again (a swept value can be invalid there)."""
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    data.pop("sweep", None)
+    topology = data["topology"]
+    if "nodes" in values:
+        topology["nodes"] = values["nodes"]
+        if topology.get("names") and len(topology["names"]) != values["nodes"]:
+            topology.pop("names")
+    if "ranks_per_node" in values:
+        topology["ranks_per_node"] = values["ranks_per_node"]
+    if "rate" in values:
+        data["link"]["rate"] = f"{float(values['rate'])!r}bit"  # how Scenario writes rates
+    if "params" in values:
+        data["workload"]["params"] = values["params"]
+    data["name"] = f"{scenario.name}[{point_label(values)}]"[:64]
+    return Scenario.from_dict(data, scenario.path)
+
+
+def point_label(values: dict[str, Any]) -> str:
+    parts = []
+    for axis, value in values.items():
+        if axis == "rate":
+            parts.append(f"{value / 1e6:g}mbit")
+        elif axis == "params":
+            parts.append(f"{value / 1e6:g}M")
+        else:
+            parts.append(f"{value} {axis.replace('_', ' ')}")
+    return ", ".join(parts)
+
+
+@dataclass
+class SweepPoint:
+    values: dict[str, Any]
+    report: ScenarioReport
+    seconds: float  # wall time of the point's run
+
+    @property
+    def world_size(self) -> int:
+        topology = self.report.scenario.topology
+        return topology.nodes * topology.ranks_per_node
+
+    @property
+    def usable(self) -> bool:
+        return self.report.status in ("passed", "failed") and bool(self.report.modes)
+
+    def step_points(self) -> list[StepPoint]:
+        """One StepPoint per mode, from the medians."""
+        link_bps, _ = slowest_link_goodput(self.report.scenario)
+        out = []
+        for mode, report in self.report.modes.items():
+            out.append(StepPoint(
+                mode=mode, world_size=report.result.world_size, link_bps=link_bps,
+                bytes_per_rank=report.result.sent_bytes_per_iteration,
+                buckets=_buckets(report), compute_s=report.compute.median,
+                step_s=report.iteration.median, label=point_label(self.values)))
+        return out
+
+    def mode_numbers(self) -> dict[str, dict[str, float | int]]:
+        workload = self.report.scenario.workload
+        samples = workload.batch_size * workload.grad_accumulation if workload else 0
+        numbers = {}
+        for mode, report in self.report.modes.items():
+            numbers[mode] = {
+                "step_s": report.iteration.median,
+                "compute_s": report.compute.median,
+                "comm_s": report.comm.median,
+                "comm_sd_s": report.comm.std,
+                "scaling_efficiency": report.scaling_efficiency,
+                "throughput_samples_s": report.result.world_size * samples
+                / report.iteration.median,
+                "wire_bytes_per_iteration": report.wire_bytes_per_iteration,
+                "hook_bytes_per_iteration": report.result.sent_bytes_per_iteration,
+                "buckets": _buckets(report),
+                "params": report.result.params,
+            }
+        return numbers
+
+    def as_dict(self) -> dict[str, object]:
+        return {"values": self.values, "label": point_label(self.values),
+                "world_size": self.world_size, "seconds": self.seconds,
+                "status": self.report.status, "modes": self.mode_numbers(),
+                "scenario": self.report.as_dict()}
+
+
+@dataclass
+class SweepReport:
+    scenario: Scenario
+    config: SweepConfig
+    points: list[SweepPoint] = field(default_factory=list)
+    fit: FitResult | None = None  # on every usable point: the model the projection uses
+    holdout: HoldoutResult | None = None
+    projection: Projection | None = None
+    notes: list[str] = field(default_factory=list)  # why a fit, hold-out or projection is absent
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """Every point passed its checks, and the held-out error (if checked) met the target."""
+        points_ok = all(point.report.passed for point in self.points)
+        return points_ok and (self.holdout is None or self.holdout.within_target)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.scenario.name,
+            "file": str(self.scenario.path) if self.scenario.path else None,
+            "passed": self.passed,
+            "seconds": self.seconds,
+            "axes": self.config.axes(),
+            "config": self.config.model_dump(mode="json"),
+            "points": [point.as_dict() for point in self.points],
+            "fit": self.fit.as_dict() if self.fit else None,
+            "holdout": self.holdout.as_dict() if self.holdout else None,
+            "projection": self.projection.as_dict() if self.projection else None,
+            "notes": self.notes,
+        }
+
+
+def run_sweep(scenario: Scenario, config: SweepConfig, *, iterations: int | None = None,
+              out_dir: Path | None = None, allow_untrusted: bool = False,
+              timeout_s: float | None = None, progress: Progress = lambda message: None,
+              runner: RunScenario = run_scenario) -> SweepReport:
+    """Run every point of the sweep, then fit, check and project (see the module doc)."""
+    started = time.monotonic()
+    report = SweepReport(scenario, config)
+    for index, values in enumerate(config.points()):
+        at = point_scenario(scenario, values)
+        progress(f"{scenario.name}: point {index + 1}: {point_label(values)}")
+        point_out = Path(out_dir) / f"point{index}" if out_dir else None
+        t0 = time.monotonic()
+        result = _run_point(at, runner, iterations=iterations, out_dir=point_out,
+                            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+                            progress=progress)
+        report.points.append(SweepPoint(values, result, time.monotonic() - t0))
+    analyse(report)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def analyse(report: SweepReport) -> None:
+    """Fit on every usable point, check a held-out one, project. Fills report in place."""
+    usable = [point for point in report.points if point.usable]
+    for point in report.points:
+        if not point.usable:
+            report.notes.append(f"point {point_label(point.values)}: {point.report.status}, "
+                                "left out of the model")
+    steps = [step for point in usable for step in point.step_points()]
+    try:
+        report.fit = fit(steps)
+    except FitError as exc:
+        report.notes.append(f"no model: {exc}")
+        return
+    if not report.fit.identifiable:
+        report.notes.append(
+            f"the points barely separate alpha, bandwidth and overlap (condition "
+            f"{report.fit.condition:.0f}): vary nodes and model size for a firmer fit")
+    if report.config.holdout == "largest":
+        train, held = split_largest(usable)
+        if not held or not train:
+            report.notes.append("no held-out check: the sweep has one size only")
+        else:
+            try:
+                report.holdout = holdout([s for p in train for s in p.step_points()],
+                                         [s for p in held for s in p.step_points()],
+                                         report.config.target_error)
+            except FitError as exc:
+                report.notes.append(f"no held-out check: the smaller points alone: {exc}")
+    report.projection = _project(report, usable)
+
+
+def split_largest(points: list[SweepPoint]) -> tuple[list[SweepPoint], list[SweepPoint]]:
+    """(train, held out): hold out the points with the largest world size; where every point
+    has it, those with the largest model."""
+    if not points:
+        return [], []
+    largest = max(point.world_size for point in points)
+    held = [p for p in points if p.world_size == largest]
+    if len(held) == len(points):
+        biggest = max(_params(p) for p in points)
+        held = [p for p in points if _params(p) == biggest]
+        if len(held) == len(points):
+            return points, []
+    return [p for p in points if p not in held], held
+
+
+def _project(report: SweepReport, usable: list[SweepPoint]) -> Projection | None:
+    assert report.fit is not None
+    config = report.config.projection
+    reference = max(usable, key=_params)  # bytes and buckets of the largest model measured
+    steps = {step.mode: step for step in reference.step_points()}
+    scale = 1.0
+    buckets = {mode: step.buckets for mode, step in steps.items()}
+    if config.params is not None:
+        scale = config.params / _params(reference)
+        bucket_bytes = reference.report.scenario.workload.bucket_size
+        fp32_bytes = config.params * 4
+        buckets = {mode: max(1, math.ceil(fp32_bytes / bucket_bytes)) for mode in steps}
+    if config.compute is None:
+        compute: dict[str, float] | float = {
+            mode: statistics.median(step.compute_s for p in usable for step in p.step_points()
+                                    if step.mode == mode) for mode in steps}
+    elif isinstance(config.compute, dict):
+        missing = set(steps) - set(config.compute)
+        if missing:
+            report.notes.append(f"no projection: projection.compute lacks {sorted(missing)}")
+            return None
+        compute = dict(config.compute)
+    else:
+        compute = config.compute
+    return project(report.fit.model, compute_s=compute,
+                   bytes_per_rank={m: s.bytes_per_rank * scale for m, s in steps.items()},
+                   buckets=buckets, gpus=config.gpus, link_bps=config.rates,
+                   alpha_s=config.alpha)
+
+
+def _params(point: SweepPoint) -> int:
+    workload = point.report.scenario.workload
+    return workload.params if workload else 0
+
+
+def _buckets(report) -> int:
+    counts = [count for rank in report.result.ranks for count in rank.buckets]
+    return max(1, round(statistics.median(counts))) if counts else 1
+
+
+def _run_point(scenario: Scenario, runner: RunScenario, **kwargs: Any) -> ScenarioReport:
+    """One point. A single node runs one mode at a time: runner's wire-bytes checks divide by
+    fp32's wire bytes, which a single node (no network traffic) leaves at zero."""
+    workload = scenario.workload
+    if scenario.topology.nodes > 1 or workload is None or len(workload.modes) == 1:
+        return runner(scenario, **kwargs)
+    merged = ScenarioReport(scenario)
+    base_out = kwargs.pop("out_dir")
+    for mode in workload.modes:
+        one = scenario.model_copy(update={
+            "workload": workload.model_copy(update={"modes": [mode]})})
+        out = base_out / mode if base_out else None
+        part = runner(one, out_dir=out, **kwargs)
+        merged.run_id = merged.run_id or part.run_id
+        merged.error = merged.error or part.error
+        merged.refused = merged.refused or part.refused
+        merged.modes.update(part.modes)
+        merged.checks.extend(part.checks)
+        merged.delay_backends.update(part.delay_backends)
+    return merged
+
+
+__all__ = ["PROJECTION_LABEL", "ProjectionConfig", "SweepConfig", "SweepPoint", "SweepReport",
+           "analyse", "point_scenario", "run_sweep", "split_largest"]

@@ -1,0 +1,105 @@
+"""The pytest plugin for real: scenario files collected and run as tests, verdicts, baselines,
+reports. Each test runs pytest in a subprocess on scenario files in a temporary folder."""
+
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
+
+
+def scenario_toml(name="tiny", rate="500mbit", modes=("fp32", "amp-fp16"), expect=""):
+    return textwrap.dedent(f"""
+        name = "{name}"
+        [topology]
+        nodes = 2
+        [link]
+        rate = "{rate}"
+        [workload]
+        params = "1M"
+        batch_size = 8
+        iterations = 6
+        warmup = 1
+        modes = {json.dumps(list(modes))}
+    """) + textwrap.dedent(expect)
+
+
+def write(pytester, name, text):
+    folder = pytester.path / "scenarios"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.toml").write_text(text)
+
+
+def test_scenario_files_are_tests_with_reports(pytester):
+    write(pytester, "tiny", scenario_toml())
+    result = pytester.runpytest_subprocess("scenarios", "--junitxml=junit.xml",
+                                           "--netsim-json=results.json", "-m", "netsim")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*netsim-ddp scenarios*", "*tiny: PASSED*",
+                                 "*amp-fp16*iteration*comm*wire*MB/it*"])
+    document = json.loads((pytester.path / "results.json").read_text())
+    assert document["scenarios"][0]["passed"] is True
+    properties = {p.get("name"): p.get("value")
+                  for p in ET.parse(pytester.path / "junit.xml").iter("property")}
+    assert properties["netsim.status"] == "passed"
+    assert float(properties["netsim.amp-fp16.wire_bytes_per_iteration"]) > 0
+
+
+def test_a_mode_that_does_not_compress_fails_the_comm_claim(pytester):
+    claim = """
+        [[expect]]
+        metric = "comm_s.median"
+        mode = "amp"
+        vs = "fp32"
+        max_ratio = 0.8
+    """
+    write(pytester, "false-claim", scenario_toml("false-claim", modes=("fp32", "amp"),
+                                                 expect=claim))
+    result = pytester.runpytest_subprocess("scenarios")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAILED expect:comm_s.median:amp/fp32*needs <= 0.8 x*"])
+
+
+def test_a_baseline_taken_at_twice_the_bandwidth_fails_the_gate(pytester):
+    write(pytester, "gated", scenario_toml("gated", rate="1gbit"))
+    saved = pytester.runpytest_subprocess("scenarios", "--netsim-save-baseline=base.json")
+    saved.assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "base.json").read_text())["benchmarks"]
+    write(pytester, "gated", scenario_toml("gated", rate="500mbit"))
+    gated = pytester.runpytest_subprocess("scenarios", "--netsim-baseline=base.json",
+                                          "--netsim-tolerance=median:10%")
+    gated.assert_outcomes(failed=1)
+    gated.stdout.fnmatch_lines(["*FAILED baseline:fp32:iteration_s.median*REGRESSION*baseline*"
+                                "current*threshold*Mann-Whitney p*"])
+
+
+def test_bad_input_is_a_clear_error(pytester):
+    write(pytester, "broken", scenario_toml("broken").replace('rate = "500mbit"',
+                                                              'rate = "fast"'))
+    result = pytester.runpytest_subprocess("scenarios")
+    result.stdout.fnmatch_lines(["*broken.toml: link.rate: cannot read 'fast' as a rate*"])
+    assert result.ret != 0
+    missing = pytester.runpytest_subprocess("scenarios", "--netsim-baseline=nope.json")
+    missing.stderr.fnmatch_lines(["*nope.json: no such baseline file*"])
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_fixtures_give_a_test_its_scenario_and_network(pytester):
+    pytester.makepyfile(test_mine="""
+        import pytest
+
+        @pytest.mark.netsim_scenario({"name": "mine", "topology": {"nodes": 2},
+                                      "link": {"rate": "100mbit"}})
+        def test_nodes_talk(fabric, scenario):
+            assert scenario.name == "mine"
+            a, b = fabric.nodes
+            with b.socket() as server:
+                server.bind((b.address, 0))
+                server.listen()
+                with a.socket() as client:
+                    client.connect(server.getsockname())
+            assert fabric.counters()[a.name].sent_bytes > 0
+    """)
+    pytester.runpytest_subprocess("test_mine.py").assert_outcomes(passed=1)

@@ -1,0 +1,150 @@
+"""Verdicts on noisy samples: they must fail when they should and pass when they should."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from netsim_ddp import Scenario, ScenarioError
+from netsim_ddp.baseline import Baseline, BaselineError, save
+from netsim_ddp.gate import (Expectation, Metric, Tolerance, default_expectations, evaluate,
+                             regression_verdict)
+from netsim_ddp.runner import ModeReport, ScenarioReport
+from netsim_ddp.workload.results import ModeResult
+
+SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+            "workload": {"params": "1M", "modes": ["fp32", "amp", "amp-fp16"]}}
+
+
+def mode(name, compute=0.1, comm=0.5, noise=0.05, n=20, seed=0, wire=8e6, spread=1.0):
+    draw = random.Random(seed)
+    compute_s = [compute + draw.gauss(0, 0.005) for _ in range(n)]
+    comm_s = [max(comm + draw.gauss(0, noise * spread), 0.0) for _ in range(n)]
+    iteration_s = [c + m for c, m in zip(compute_s, comm_s)]
+    result = ModeResult.model_construct(
+        mode=name, iteration_s=iteration_s, compute_s=compute_s, comm_s=comm_s,
+        sent_bytes_per_iteration=int(wire / 2), world_size=2, iterations=n, params=1_000_000,
+        ranks=[], profiler_allreduce_s=None)
+    return ModeReport(result, wire, 0.0, 1e9)
+
+
+def test_metric_grammar():
+    assert Metric.parse("comm_s") == Metric("comm_s", "median")
+    assert Metric.parse("comm_s.std").is_spread
+    assert Metric.parse("wire_bytes_per_iteration").stat is None
+    for bad in ("comm.median", "comm_s.p99", "wire_bytes_per_iteration.median"):
+        with pytest.raises(ValueError, match="unknown"):
+            Metric.parse(bad)
+
+
+def test_compressing_mode_passes_and_plain_amp_fails_the_comm_claim():
+    modes = {"fp32": mode("fp32", seed=1), "amp": mode("amp", seed=2),
+             "amp-fp16": mode("amp-fp16", comm=0.27, seed=3, spread=0.3, wire=4e6)}
+    claims = default_expectations(list(modes))
+    assert [c.name for c in claims] == ["expect:comm_s.median:amp-fp16/fp32"]
+    spread = Expectation(metric="comm_s.std", mode="amp-fp16", vs="fp32", max_ratio=1.0)
+    assert all(evaluate(claim, modes).passed for claim in [*claims, spread])
+    amp = Expectation(metric="comm_s.median", mode="amp", vs="fp32", max_ratio=0.8)
+    verdict = evaluate(amp, modes)
+    assert not verdict.passed
+    assert "needs <= 0.8 x" in verdict.detail and "Mann-Whitney p" in verdict.detail
+
+
+def test_a_difference_within_the_noise_does_not_pass():
+    # 3% lower on average with 10% noise over 8 samples: on the right side, not significant.
+    modes = {"fp32": mode("fp32", noise=0.05, n=8, seed=4),
+             "amp-fp16": mode("amp-fp16", comm=0.485, noise=0.05, n=8, seed=5)}
+    claim = Expectation(metric="comm_s.median", mode="amp-fp16", vs="fp32", max_ratio=1.0)
+    verdict = evaluate(claim, modes)
+    if "not significant" not in verdict.detail:
+        pytest.fail(f"noise passed as an effect: {verdict.detail}")
+    assert not verdict.passed
+
+
+def test_wire_bytes_are_exact_counts_and_absolute_bounds_are_tested():
+    modes = {"fp32": mode("fp32", wire=8e6), "amp-fp16": mode("amp-fp16", wire=4.1e6)}
+    half = Expectation(metric="wire_bytes_per_iteration", mode="amp-fp16", vs="fp32",
+                       max_ratio=0.5)
+    assert not evaluate(half, modes).passed  # 0.5125 > 0.5, no test can excuse it
+    efficient = Expectation(metric="scaling_efficiency.median", mode="fp32", min=0.1)
+    assert evaluate(efficient, modes).passed  # 0.1 / 0.6 ~ 0.17 on every iteration
+    too_much = Expectation(metric="scaling_efficiency.median", mode="fp32", min=0.5)
+    assert not evaluate(too_much, modes).passed
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"metric": "comm_s.median", "mode": "fp32"}, "give a bound"),
+    ({"metric": "comm_s.median", "mode": "amp", "max_ratio": 0.8}, "set vs"),
+    ({"metric": "comm_s.median", "mode": "amp", "vs": "fp32", "max_ratio": 0}, "greater than 0"),
+    ({"metric": "latency", "mode": "amp", "vs": "fp32", "max_ratio": 1}, "unknown metric"),
+    ({"metric": "comm_s.median", "mode": "amp-bf16", "vs": "fp32", "max_ratio": 1},
+     "not run by this scenario"),
+])
+def test_broken_expectations_are_scenario_errors(bad, reason):
+    with pytest.raises(ScenarioError, match=reason) as info:
+        Scenario.from_dict(SCENARIO | {"expect": [bad]}, "s.toml")
+    assert info.value.field.startswith("expect.0")
+
+
+def report_with(modes, name="gate"):
+    report = ScenarioReport(Scenario.from_dict(SCENARIO | {"name": name}))
+    report.modes = modes
+    return report
+
+
+def test_baseline_round_trip_and_the_gate(tmp_path):
+    base = report_with({"fp32": mode("fp32", seed=1)})
+    path = save([base], tmp_path / "base.json")
+    baseline = Baseline(path)
+    tolerances = [Tolerance.parse("median:10%"), Tolerance.parse("comm_s.p95:15%")]
+    same = report_with({"fp32": mode("fp32", seed=2)})  # a rerun: different noise
+    assert all(v.passed for v in baseline.compare(same, tolerances, 0.05))
+    slower = report_with({"fp32": mode("fp32", comm=0.75, seed=3)})  # half the bandwidth
+    verdicts = baseline.compare(slower, tolerances, 0.05)
+    assert not any(v.passed for v in verdicts)
+    text = verdicts[0].detail
+    for word in ("REGRESSION", "iteration_s.median", "baseline", "current", "threshold",
+                 "Mann-Whitney p"):
+        assert word in text
+
+
+def test_over_the_tolerance_but_not_significant_is_not_a_regression():
+    current = mode("fp32", comm=0.5, noise=0.2, n=4, seed=9)
+    base_samples = [0.62, 0.35, 0.9, 0.4]
+    verdict = regression_verdict("gate", "fp32", Tolerance.parse("median:1%"), current,
+                                 0.5, base_samples)
+    assert verdict.passed and verdict.p_value > 0.05
+
+
+def test_unusable_baselines_are_clear_errors(tmp_path):
+    with pytest.raises(BaselineError, match="no such baseline file"):
+        Baseline(tmp_path / "missing.json")
+    (tmp_path / "plain.json").write_text(json.dumps({"benchmarks": []}))
+    with pytest.raises(BaselineError, match="not a netsim-ddp baseline"):
+        Baseline(tmp_path / "plain.json")
+    path = save([report_with({"fp32": mode("fp32")})], tmp_path / "b.json")
+    data = json.loads(path.read_text())
+    data["netsim_ddp"]["format"] = 99
+    (tmp_path / "future.json").write_text(json.dumps(data))
+    with pytest.raises(BaselineError, match="format 99"):
+        Baseline(tmp_path / "future.json")
+    other = report_with({"fp32": mode("fp32")}, name="another")
+    with pytest.raises(BaselineError, match="has no scenario 'another'"):
+        Baseline(path).compare(other, [Tolerance.parse("median:10%")], 0.05)
+
+
+def test_tolerance_grammar():
+    assert str(Tolerance.parse("median:10%")) == "iteration_s.median:10%"
+    assert Tolerance.parse("comm_s.p95:15%").fraction == 0.15
+    with pytest.raises(ValueError, match="METRIC:PERCENT"):
+        Tolerance.parse("median 10")
+
+
+def test_pytest_benchmark_compare_reads_the_baseline(tmp_path):
+    path = save([report_with({"fp32": mode("fp32"), "amp": mode("amp")})], tmp_path / "b.json")
+    result = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "gate[fp32]" in result.stdout and "gate[amp]" in result.stdout
