@@ -13,8 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from netsim_ddp.fabric.privilege import ensure_network_privilege
 from netsim_ddp import Scenario
+from netsim_ddp.fabric.privilege import ensure_network_privilege
 from netsim_ddp.runner import results_document
 from netsim_ddp.sweep import run_sweep
 

@@ -88,7 +88,8 @@ def main() -> None:
         row["ratio"] = row["project_s"] / row["shell_s"]
         results.append(row)
         table.add_row(str(nodes), f"{row['shell_s']:.3f}", f"{row['project_s']:.3f}",
-                      f"{row['ratio']:.2f}", "<= 0.50" + (" ok" if row["ratio"] <= 0.5 else " MISSED"))
+                      f"{row['ratio']:.2f}",
+                      "<= 0.50" + (" ok" if row["ratio"] <= 0.5 else " MISSED"))
     Console().print(table)
     if args.json_out:
         with open(args.json_out, "w") as out:

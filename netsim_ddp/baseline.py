@@ -161,7 +161,8 @@ class Baseline:
 def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float] | None:
     series = tolerance.metric.series
     if series == "scaling_efficiency":
-        return [c / i for c, i in zip(entry.samples["compute_s"], entry.samples["iteration_s"])]
+        return [c / i for c, i in zip(entry.samples["compute_s"], entry.samples["iteration_s"],
+                                      strict=True)]
     return entry.samples.get(series)
 
 

@@ -61,7 +61,8 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--json", "json_out", metavar="OUT", help="Also write the result as JSON ('-': stdout).")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the result as JSON ('-': stdout).")
 def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
     from .fabric.capabilities import probe_capabilities, torch_status
@@ -154,7 +155,8 @@ def plan(file: str) -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True)
 @click.option("--seconds", type=float, default=None, help="Probe length (default: the scenario's).")
-@click.option("--json", "json_out", metavar="OUT", help="Also write the result as JSON ('-': stdout).")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the result as JSON ('-': stdout).")
 def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
     """Build each scenario's network and check that this host can drive its links."""
     from .fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege

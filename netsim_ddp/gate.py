@@ -61,7 +61,8 @@ class Metric:
     def samples(self, mode: ModeReport) -> list[float] | None:
         r = mode.result
         return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
-                "scaling_efficiency": [c / i for c, i in zip(r.compute_s, r.iteration_s)]
+                "scaling_efficiency": [c / i for c, i in
+                                       zip(r.compute_s, r.iteration_s, strict=True)]
                 }.get(self.series)
 
     def value(self, mode: ModeReport) -> float:

@@ -13,8 +13,8 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
     rates = ["10gbit", "25gbit", "100gbit"]
     compute = "120ms"                # your GPU's step time; default: the compute measured here
 
-The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a top-level "sweeps"
-list, each entry {name, axes, points: [{values, world_size, modes: {mode: per-point numbers},
+The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a
+top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode: per-point numbers},
 scenario: the same per-scenario dict as "scenarios"}], fit, holdout, projection}.
 """
 
@@ -25,12 +25,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import product
 from pathlib import Path
 from typing import Any
 
-
-from . import __version__
 from .costmodel import (
     PROJECTION_LABEL,
     FitError,
@@ -44,7 +41,7 @@ from .costmodel import (
 )
 from .runner import ScenarioReport, run_scenario, slowest_link_goodput
 from .scenario import Scenario
-from .sweepconfig import AXES, ProjectionConfig, SweepConfig
+from .sweepconfig import ProjectionConfig, SweepConfig
 
 Progress = Callable[[str], None]
 RunScenario = Callable[..., ScenarioReport]

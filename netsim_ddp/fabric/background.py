@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import os
 import json
+import os
 import random
 import shutil
 import signal
@@ -29,8 +29,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..scenario import ETHERNET_HEADER, BackgroundFlow
 

@@ -6,10 +6,10 @@ feature is probed by creating the object for real, once per process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
-import dataclasses
 from dataclasses import asdict, dataclass
 
 from pyroute2 import IPRoute

@@ -8,7 +8,6 @@ that cannot reach, say, 90% of that measures its CPU, not the link, and the run 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -119,11 +118,12 @@ def measure_goodputs(pairs: list[tuple[Node, Node]], seconds: float = 1.0,
             ports.append(receivers[-1].stdout.readline().strip())  # listening: ready
             if not ports[-1]:
                 raise RuntimeError(f"goodput probe receiver in {destination.name} did not start")
-        for (source, destination), port in zip(pairs, ports):
+        for (source, destination), port in zip(pairs, ports, strict=True):
             senders.append(source.popen([sys.executable, "-c", _SENDER, destination.address,
                                          port, str(seconds + warmup)], stderr=subprocess.PIPE))
         results = []
-        for (source, destination), sender, receiver in zip(pairs, senders, receivers):
+        for (source, destination), sender, receiver in zip(pairs, senders, receivers,
+                                                            strict=True):
             _, err = sender.communicate(timeout=seconds + warmup + 30)
             out, _ = receiver.communicate(timeout=30)
             if sender.returncode != 0 or receiver.returncode != 0:
@@ -162,7 +162,8 @@ def check_fidelity(fabric: Fabric, seconds: float | None = None,
     seconds = config.probe_duration if seconds is None else seconds
     pairs = probe_pairs(fabric)
     samples = []
-    for (source, destination), goodput in zip(pairs, measure_goodputs(pairs, seconds)):
+    goodputs = measure_goodputs(pairs, seconds)
+    for (source, destination), goodput in zip(pairs, goodputs, strict=True):
         cap = min(source.plan.link.rate, destination.plan.link.rate)
         mtu = min(source.plan.link.mtu, destination.plan.link.mtu)
         samples.append(GoodputSample(source.name, destination.name, cap,

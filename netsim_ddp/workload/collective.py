@@ -50,7 +50,8 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
     gathered: list[list[float] | None] = [None] * dist.get_world_size()
     dist.gather_object(seconds, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() == 0:
-        slowest = [max(column) for column in zip(*[g for g in gathered if g is not None])]
+        ranks = [g for g in gathered if g is not None]
+        slowest = [max(column) for column in zip(*ranks, strict=True)]
         result = AllreduceResult(size_bytes=buffer.numel() * 4,
                                  world_size=dist.get_world_size(), seconds=slowest)
         (out_dir / RESULT_FILE).write_text(result.model_dump_json())

@@ -22,7 +22,10 @@ import statistics
 import pytest
 
 from netsim_ddp.fabric.delayline import (
-    DelayLineSpec, command, parse_stats, queue_bytes_for,
+    DelayLineSpec,
+    command,
+    parse_stats,
+    queue_bytes_for,
 )
 from netsim_ddp.fabric.delayline.probes import echo_samples, tcp_bulk, udp_blast
 

@@ -7,14 +7,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 from pyroute2 import IPRoute
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, FabricError, netns
+from netsim_ddp.fabric import Fabric, netns
 from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodput
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
@@ -32,8 +31,8 @@ def ours():
 def host_state():
     """Everything of the host's own namespace the project must never change (read only)."""
     with IPRoute() as ipr:
-        links = sorted((l.get_attr("IFLA_IFNAME"), l.get_attr("IFLA_MTU"), l["flags"])
-                       for l in ipr.get_links())
+        links = sorted((link.get_attr("IFLA_IFNAME"), link.get_attr("IFLA_MTU"), link["flags"])
+                       for link in ipr.get_links())
         addrs = sorted((a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr())
         routes = sorted((r.get_attr("RTA_DST") or "", r["dst_len"], r.get_attr("RTA_OIF") or 0)
                         for r in ipr.get_routes())
@@ -129,7 +128,8 @@ def test_slow_node_override_caps_its_link_only():
 
 def test_netem_applies_delay_where_the_kernel_has_it(capabilities):
     if not capabilities.netem:
-        pytest.skip("this kernel has no netem (sch_netem); the delay line stands in (tests/netns/test_delay.py)")
+        pytest.skip("this kernel has no netem (sch_netem); the delay line stands in "
+                    "(tests/netns/test_delay.py)")
     with Fabric(scenario(delay="5ms", loss="0%")) as fabric:
         kinds = [q["kind"] for q in fabric.qdiscs(0)]
     assert kinds[0] == "netem" and "tbf" in kinds

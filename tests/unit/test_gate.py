@@ -9,8 +9,14 @@ import pytest
 
 from netsim_ddp import Scenario, ScenarioError
 from netsim_ddp.baseline import Baseline, BaselineError, save
-from netsim_ddp.gate import (Expectation, Metric, Tolerance, default_expectations, evaluate,
-                             regression_verdict)
+from netsim_ddp.gate import (
+    Expectation,
+    Metric,
+    Tolerance,
+    default_expectations,
+    evaluate,
+    regression_verdict,
+)
 from netsim_ddp.runner import ModeReport, ScenarioReport
 from netsim_ddp.workload.results import ModeResult
 
@@ -22,7 +28,7 @@ def mode(name, compute=0.1, comm=0.5, noise=0.05, n=20, seed=0, wire=8e6, spread
     draw = random.Random(seed)
     compute_s = [compute + draw.gauss(0, 0.005) for _ in range(n)]
     comm_s = [max(comm + draw.gauss(0, noise * spread), 0.0) for _ in range(n)]
-    iteration_s = [c + m for c, m in zip(compute_s, comm_s)]
+    iteration_s = [c + m for c, m in zip(compute_s, comm_s, strict=True)]
     result = ModeResult.model_construct(
         mode=name, iteration_s=iteration_s, compute_s=compute_s, comm_s=comm_s,
         sent_bytes_per_iteration=int(wire / 2), world_size=2, iterations=n, params=1_000_000,
