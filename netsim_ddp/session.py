@@ -117,7 +117,7 @@ class NetsimSession:
     # -- what people read ---------------------------------------------------------------------
 
     def summary_lines(self) -> list[str]:
-        if not self.reports:
+        if not self.reports and not self.sweeps:
             return []
         lines = ["", "netsim-ddp scenarios (medians; comm = exposed communication)"]
         for report in self.reports:
@@ -129,6 +129,11 @@ class NetsimSession:
                              f"  comm {result.comm.median * 1e3:8.1f} ms"
                              f" (sd {result.comm.std * 1e3:6.1f})"
                              f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
+        for sweep in self.sweeps:
+            held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
+                        f"{sweep.holdout.target:.0%})" if sweep.holdout else "no hold-out")
+            lines.append(f"  {sweep.scenario.name}: sweep {'PASSED' if sweep.passed else 'FAILED'}"
+                         f", {len(sweep.points)} points, {held_out}")
         if self.save_baseline is not None:
             lines.append(f"  baseline saved to {self.save_baseline}")
         if self.json_path is not None:
