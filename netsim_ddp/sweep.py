@@ -14,8 +14,9 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
     compute = "120ms"                # your GPU's step time; default: the compute measured here
 
 The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a
-top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode: per-point numbers},
-scenario: the same per-scenario dict as "scenarios"}], fit, holdout, projection}.
+top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode:
+per-point numbers}, scenario: the same per-scenario dict as "scenarios"}], fit, holdout,
+projection}.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ MS_BIND = 0x1000
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)  # also used by privilege.py
 
 # Where named namespaces live; a rootless run points this at a private directory.
 _netns_dir = Path("/run/netns")
@@ -52,7 +52,7 @@ def _check(result: int, what: str, name: str) -> None:
 
 
 def _setns(fd: int, name: str) -> None:
-    _check(_libc.setns(fd, CLONE_NEWNET), "setns", name)
+    _check(libc.setns(fd, CLONE_NEWNET), "setns", name)
 
 
 def _ensure_dir_shared() -> None:
@@ -63,11 +63,11 @@ def _ensure_dir_shared() -> None:
     """
     directory = bytes(_netns_dir)
     _netns_dir.mkdir(parents=True, exist_ok=True)
-    if _libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None) == 0:
+    if libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None) == 0:
         return
-    _check(_libc.mount(directory, directory, b"none", MS_BIND | MS_REC, None),
+    _check(libc.mount(directory, directory, b"none", MS_BIND | MS_REC, None),
            "bind mount of the namespace directory", str(_netns_dir))
-    _check(_libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None),
+    _check(libc.mount(b"", directory, b"none", MS_SHARED | MS_REC, None),
            "shared mount of the namespace directory", str(_netns_dir))
 
 
@@ -81,9 +81,9 @@ def create(name: str) -> None:
     os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444))
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare", name)
+        _check(libc.unshare(CLONE_NEWNET), "unshare", name)
         try:
-            _check(_libc.mount(b"/proc/thread-self/ns/net", bytes(target), b"none", MS_BIND, None),
+            _check(libc.mount(b"/proc/thread-self/ns/net", bytes(target), b"none", MS_BIND, None),
                    "bind mount", name)
         finally:
             _setns(home, "<home>")
@@ -98,7 +98,7 @@ def create(name: str) -> None:
 def remove(name: str) -> None:
     """Unbind and delete the name; the kernel frees the namespace once nothing holds it."""
     target = path_of(name)
-    if _libc.umount2(bytes(target), MNT_DETACH) != 0 and ctypes.get_errno() not in (
+    if libc.umount2(bytes(target), MNT_DETACH) != 0 and ctypes.get_errno() not in (
         errno.EINVAL, errno.ENOENT
     ):
         _check(-1, "umount", name)

@@ -21,11 +21,8 @@ from . import naming, netns
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
-MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 PR_SET_DUMPABLE = 4
-
-_libc = ctypes.CDLL(None, use_errno=True)
 _mode: str | None = None
 
 
@@ -59,7 +56,7 @@ def ensure_network_privilege() -> str:
 
 def _enter_user_namespace() -> None:
     uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | netns.CLONE_NEWNET) != 0:
+    if netns.libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | netns.CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         raise PrivilegeError(
             f"not root, and this host refuses unprivileged user namespaces ({os.strerror(code)}); "
@@ -68,12 +65,12 @@ def _enter_user_namespace() -> None:
         )
     # A process that changed its uids (su, setpriv) is not dumpable, which makes its own
     # /proc/self files root's; being dumpable again lets it write its id maps.
-    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    netns.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
     Path("/proc/self/setgroups").write_text("deny")
     Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
     Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
     # Our mounts must not propagate back to the host's mount namespace.
-    if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+    if netns.libc.mount(b"none", b"/", None, netns.MS_REC | MS_PRIVATE, None) != 0:
         raise PrivilegeError(f"cannot make mounts private: {os.strerror(ctypes.get_errno())}")
     private = Path(tempfile.mkdtemp(prefix="netsim-ddp-"))
     atexit.register(shutil.rmtree, private, ignore_errors=True)
