@@ -139,7 +139,8 @@ def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path):
 
 
 def test_delayed_scenario_runs_end_to_end(capabilities):
-    delayed = scenario(modes=("fp32", "amp-fp16"), params="1M", iterations=3)
+    # 5 iterations: with 3, a one-sided Mann-Whitney test cannot go below p = 0.05.
+    delayed = scenario(modes=("fp32", "amp-fp16"), params="1M", iterations=5)
     delayed = delayed.model_copy(update={"link": delayed.link.model_copy(
         update={"delay": 0.0005, "jitter": 0.0001})})
     report = run_scenario(delayed)
