@@ -9,6 +9,7 @@ tolerance AND is significant. Wire bytes are exact kernel counts: compared witho
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,6 +185,9 @@ def _ratio_verdict(e: Expectation, metric: Metric, x: ModeReport, y: ModeReport)
                      f"effect {test.effect_text}")
             if within and not ok:
                 text += ": not significant, could be noise"
+                if math.comb(len(x_samples) + len(y_samples), len(x_samples)) <= 1 / e.alpha:
+                    text += (f" (and {len(x_samples)} vs {len(y_samples)} samples can never "
+                             f"reach p < {e.alpha:g}: measure more iterations)")
         passed &= ok
         lines.append(text)
     return Verdict(e.name, passed, f"{metric}: " + "; ".join(lines), p_worst)

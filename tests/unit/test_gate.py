@@ -154,3 +154,10 @@ def test_pytest_benchmark_compare_reads_the_baseline(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "gate[fp32]" in result.stdout and "gate[amp]" in result.stdout
+
+
+def test_too_few_samples_say_so():
+    modes = {"fp32": mode("fp32", n=3, seed=1), "amp-fp16": mode("amp-fp16", comm=0.2, n=3)}
+    claim = Expectation(metric="comm_s.median", mode="amp-fp16", vs="fp32", max_ratio=1.0)
+    verdict = evaluate(claim, modes)
+    assert not verdict.passed and "measure more iterations" in verdict.detail
