@@ -17,8 +17,7 @@ from . import __version__
 from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic
 from .fabric.fidelity import expected_goodput
-from .gate import Verdict as Check
-from .gate import default_expectations, evaluate
+from .gate import Verdict, default_expectations, evaluate
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
@@ -133,7 +132,7 @@ class ScenarioReport:
     refused: str | None = None
     error: str | None = None  # the run broke (a rank crashed or hung, the host lacks something)
     modes: dict[str, ModeReport] = field(default_factory=dict)
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Verdict] = field(default_factory=list)
     delay_backends: dict[str, str | None] = field(default_factory=dict)
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
 
@@ -231,7 +230,7 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
                                                 timeout_s)
             trusted = report.fidelity.trusted
-            report.checks.append(Check("fidelity", trusted, report.fidelity.reason))
+            report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
             if not trusted and not allow_untrusted:
                 report.refused = report.fidelity.reason
                 return None
@@ -248,7 +247,7 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             return results, traffic.stop()
 
 
-def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Check]:
+def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
     """Does each mode put on the wire what it promises, relative to fp32?"""
     checks = []
     for mode, reference, expected in WIRE_RATIO_CLAIMS:
@@ -257,7 +256,7 @@ def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Check]:
             ratio = (modes[mode].wire_bytes_per_iteration
                      / modes[reference].wire_bytes_per_iteration)
             ok = abs(ratio - expected) <= WIRE_RATIO_TOLERANCE
-            checks.append(Check(
+            checks.append(Verdict(
                 f"wire-bytes:{mode}/{reference}", ok,
                 f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
                 f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
