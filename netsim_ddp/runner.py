@@ -92,6 +92,17 @@ class ModeReport:
         return self.compute.median / self.iteration.median
 
     @property
+    def samples_per_iteration(self) -> int:
+        """Samples one optimizer step consumes across all ranks (gradient accumulation too)."""
+        r = self.result
+        return r.batch_size * r.grad_accumulation * r.world_size
+
+    @property
+    def seconds_per_sample(self) -> float:
+        """The median step per sample: how modes with different accumulation compare."""
+        return self.iteration.median / self.samples_per_iteration
+
+    @property
     def ring_lower_bound_s(self) -> float:
         return ring_allreduce_lower_bound(self.result.sent_bytes_per_iteration,
                                           self.result.world_size, self.link_bps)
@@ -118,6 +129,8 @@ class ModeReport:
             "ring_lower_bound_s": self.ring_lower_bound_s,
             "comm_over_ring_lower_bound": (self.comm.median / self.ring_lower_bound_s
                                            if self.ring_lower_bound_s else None),
+            "samples_per_iteration": self.samples_per_iteration,
+            "seconds_per_sample": self.seconds_per_sample,
             "params": r.params, "world_size": r.world_size, "iterations": r.iterations,
             "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
             "profiler_allreduce_s": r.profiler_allreduce_s,

@@ -107,8 +107,6 @@ class SweepPoint:
         return out
 
     def mode_numbers(self) -> dict[str, dict[str, float | int]]:
-        workload = self.report.scenario.workload
-        samples = workload.batch_size * workload.grad_accumulation if workload else 0
         numbers = {}
         for mode, report in self.report.modes.items():
             numbers[mode] = {
@@ -117,8 +115,7 @@ class SweepPoint:
                 "comm_s": report.comm.median,
                 "comm_sd_s": report.comm.std,
                 "scaling_efficiency": report.scaling_efficiency,
-                "throughput_samples_s": report.result.world_size * samples
-                / report.iteration.median,
+                "throughput_samples_s": 1 / report.seconds_per_sample,
                 "wire_bytes_per_iteration": report.wire_bytes_per_iteration,
                 "hook_bytes_per_iteration": report.result.sent_bytes_per_iteration,
                 "buckets": _buckets(report),

@@ -72,6 +72,9 @@ def test_results_json_carries_the_promised_keys(three_modes):
         assert len(data["iteration_s"]) == len(data["comm_s"]) == len(data["compute_s"]) == 4
         assert data["wire_bytes_per_iteration"] > 0
         assert all(c >= 0 for c in data["comm_s"])
+        assert data["samples_per_iteration"] == 8 * 2  # batch 8 per rank, 2 ranks
+        assert data["seconds_per_sample"] == pytest.approx(
+            data["summary"]["iteration_s"]["median"] / 16)
     assert all({"name", "passed", "detail"} <= set(check) for check in entry["checks"])
 
 
