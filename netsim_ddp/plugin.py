@@ -105,6 +105,8 @@ class ScenarioItem(pytest.Item):
         session = self.config.stash[_SESSION]
         if self.scenario.sweep is not None:
             sweep = session.run_sweep(self.scenario)
+            if sweep.status == "refused":
+                pytest.skip(f"{self.scenario.name}: refused: " + "; ".join(sweep.refusals))
             if not sweep.passed:
                 raise ScenarioFailure(session.sweep_failure_text(sweep))
             return

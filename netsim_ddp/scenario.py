@@ -214,6 +214,13 @@ class FidelityConfig(_Strict):
         description="Least achieved/expected goodput for a run to be trusted.",
     )
     probe_duration: Duration = Field(1.0, description="How long the throughput probe runs.")
+    attempts: int = Field(
+        3, ge=1, le=10,
+        description="All-reduce probe attempts before a run is refused. The link's cap makes "
+                    "an attempt unable to overstate the host, so one attempt that reaches "
+                    "min_fraction proves it can drive the link; a refusal must repeat, so a "
+                    "passing stall on a shared host does not refuse a scenario it can run.",
+    )
 
 
 class BackgroundFlow(_Strict):

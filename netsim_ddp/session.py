@@ -132,7 +132,7 @@ class NetsimSession:
         for sweep in self.sweeps:
             held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
                         f"{sweep.holdout.target:.0%})" if sweep.holdout else "no hold-out")
-            lines.append(f"  {sweep.scenario.name}: sweep {'PASSED' if sweep.passed else 'FAILED'}"
+            lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
                          f", {len(sweep.points)} points, {held_out}")
         if self.save_baseline is not None:
             lines.append(f"  baseline saved to {self.save_baseline}")

@@ -142,16 +142,30 @@ class SweepReport:
     seconds: float = 0.0
 
     @property
+    def status(self) -> str:
+        """"failed" when a point failed or broke, or the held-out error missed its target;
+        else "refused" when this host could not drive a point faithfully (as for a single
+        scenario, that is not a verdict on the network); else "passed"."""
+        statuses = {point.report.status for point in self.points}
+        if statuses & {"failed", "error"} or (self.holdout and not self.holdout.within_target):
+            return "failed"
+        return "refused" if "refused" in statuses else "passed"
+
+    @property
     def passed(self) -> bool:
-        """Every point passed its checks, and the held-out error (if checked) met the target."""
-        points_ok = all(point.report.passed for point in self.points)
-        return points_ok and (self.holdout is None or self.holdout.within_target)
+        return self.status == "passed"
+
+    @property
+    def refusals(self) -> list[str]:
+        return [f"point {point_label(point.values)}: {point.report.refused}"
+                for point in self.points if point.report.refused]
 
     def as_dict(self) -> dict[str, object]:
         return {
             "name": self.scenario.name,
             "file": str(self.scenario.path) if self.scenario.path else None,
             "passed": self.passed,
+            "status": self.status,
             "seconds": self.seconds,
             "axes": self.config.axes(),
             "config": self.config.model_dump(mode="json"),
@@ -189,8 +203,9 @@ def analyse(report: SweepReport) -> None:
     usable = [point for point in report.points if point.usable]
     for point in report.points:
         if not point.usable:
-            report.notes.append(f"point {point_label(point.values)}: {point.report.status}, "
-                                "left out of the model")
+            why = point.report.refused or point.report.error
+            report.notes.append(f"point {point_label(point.values)}: {point.report.status}"
+                                + (f" ({why})" if why else "") + ", left out of the model")
     steps = [step for point in usable for step in point.step_points()]
     try:
         report.fit = fit(steps)

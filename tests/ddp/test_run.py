@@ -127,6 +127,9 @@ def test_10gbe_is_refused_where_the_host_cannot_drive_it():
         pytest.skip(f"this host drives 10 Gbit/s all-reduce faithfully: {fidelity.reason}")
     assert report.status == "refused" and not report.modes
     assert "cannot move the workload's traffic" in report.refused
+    # a refusal repeats: every attempt fell short, and the reason lists them
+    assert len(fidelity.attempts_bps) == report.scenario.fidelity.attempts > 1
+    assert f"best of {len(fidelity.attempts_bps)} attempts" in report.refused
 
 
 def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path):

@@ -75,6 +75,25 @@ def test_a_baseline_taken_at_twice_the_bandwidth_fails_the_gate(pytester):
                                 "current*threshold*Mann-Whitney p*"])
 
 
+def test_a_sweep_the_host_cannot_drive_is_skipped_with_the_reason(pytester):
+    # The 2-node point at 10 Gbit/s is refused here (gloo tops out near 5 Gbit/s); the 1-node
+    # point has no network to probe and runs.
+    sweep = scenario_toml("too-fast", rate="10gbit", modes=("fp32",)) + textwrap.dedent("""
+        [fidelity]
+        attempts = 1
+        [sweep]
+        nodes = [1, 2]
+    """)
+    write(pytester, "too-fast", sweep)
+    result = pytester.runpytest_subprocess("scenarios", "-rs", "--netsim-json=results.json")
+    document = json.loads((pytester.path / "results.json").read_text())
+    if document["sweeps"][0]["status"] == "passed":
+        pytest.skip("this host drives a 10 Gbit/s all-reduce faithfully")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*too-fast: sweep REFUSED, 2 points*",
+                                 "*too-fast: refused: point 2 nodes: an all-reduce*"])
+
+
 def test_bad_input_is_a_clear_error(pytester):
     write(pytester, "broken", scenario_toml("broken").replace('rate = "500mbit"',
                                                               'rate = "fast"'))

@@ -204,3 +204,33 @@ def test_sweep_file_loads(tmp_path):
         "target_error = 0.15", "target_eror = 0.15"))
     with pytest.raises(ScenarioError, match="sweep.target_eror"):
         Scenario.load(bad)
+
+
+def refusing_runner(refuse_nodes, fail_nodes=()):
+    """fake_runner, but points at `refuse_nodes` are refused and those at `fail_nodes` fail."""
+    from netsim_ddp.gate import Verdict
+
+    def run(scenario, **kwargs):
+        nodes = scenario.topology.nodes
+        if nodes in refuse_nodes:
+            return ScenarioReport(scenario, run_id="fake", refused=f"slow host at {nodes} nodes")
+        report = fake_runner()(scenario, **kwargs)
+        if nodes in fail_nodes:
+            report.checks.append(Verdict("wire-bytes", False, "did not compress"))
+        return report
+
+    return run
+
+
+def test_refused_points_make_a_refused_sweep_not_a_failed_one():
+    sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4]), runner=refusing_runner({2}))
+    assert sweep.status == "refused" and not sweep.passed
+    assert sweep.refusals == ["point 2 nodes: slow host at 2 nodes"]
+    assert "point 2 nodes: refused (slow host at 2 nodes), left out of the model" in sweep.notes
+    assert sweep.fit is not None  # the other points are still fitted
+    assert results_document([], [sweep])["sweeps"][0]["status"] == "refused"
+
+
+def test_a_failed_point_outweighs_a_refused_one():
+    sweep = run_sweep(base(), SweepConfig(nodes=[2, 3]), runner=refusing_runner({2}, {3}))
+    assert sweep.status == "failed"

@@ -1,0 +1,83 @@
+"""The all-reduce probe's attempts, without a network: launch is replaced by canned results, so
+the retry rule itself is what is tested (the real probe runs in tests/ddp)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from netsim_ddp import Scenario, runner
+from netsim_ddp.metrics import bus_bandwidth
+from netsim_ddp.workload.collective import AllreduceResult
+
+SIZE = 8 * 2**20
+
+
+def scenario(attempts=3):
+    return Scenario.from_dict({
+        "name": "probe", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+        "fidelity": {"attempts": attempts},
+        "workload": {"params": "2M", "modes": ["fp32"]}})
+
+
+def seconds_for(fraction, expected_bps):
+    """All-reduce time whose bus bandwidth is `fraction` of expected (2 ranks: busbw = algbw)."""
+    return SIZE * 8 / (fraction * expected_bps)
+
+
+@pytest.fixture
+def canned(monkeypatch):
+    """Attempts reach the given fractions of the link, in order; returns the launch count."""
+    launched = []
+
+    def install(*fractions):
+        _, expected = runner.slowest_link_goodput(scenario())
+        results = iter(AllreduceResult(size_bytes=SIZE, world_size=2,
+                                       seconds=[seconds_for(f, expected)] * 5)
+                       for f in fractions)
+        def launch(*args, **kwargs):
+            launched.append(args)
+            sum(i * i for i in range(1_000_000))  # CPU time for the host-load reading to see
+
+        monkeypatch.setattr(runner, "launch", launch)
+        monkeypatch.setattr(runner, "read_probe", lambda out: next(results))
+        return launched
+
+    return install
+
+
+def probe(sc, tmp_path, messages=None):
+    fabric = SimpleNamespace(nodes=["n0", "n1"])
+    progress = (messages.append if messages is not None else lambda message: None)
+    return runner._probe_collective(fabric, sc, sc.workload.params, tmp_path, None, progress)
+
+
+def test_a_passing_stall_is_retried_and_the_best_attempt_counts(canned, tmp_path):
+    launched = canned(0.70, 0.97, 0.50)
+    messages = []
+    fidelity = probe(scenario(), tmp_path, messages)
+    assert len(launched) == 2  # stopped at the first attempt that reached min_fraction
+    assert fidelity.trusted and fidelity.fraction == pytest.approx(0.97)
+    assert "best of 2 attempts" in fidelity.reason
+    assert messages == ["probe: all-reduce probe attempt 2 of 3 (so far 70% of the link)"]
+
+
+def test_a_refusal_repeats_every_attempt_and_says_what_the_host_did(canned, tmp_path):
+    launched = canned(0.44, 0.46, 0.45)
+    fidelity = probe(scenario(), tmp_path)
+    assert len(launched) == 3 and not fidelity.trusted
+    assert fidelity.fraction == pytest.approx(0.46)
+    assert "best of 3 attempts" in fidelity.reason and "host CPUs" in fidelity.reason
+    document = fidelity.as_dict()
+    assert len(document["attempts_bps"]) == 3 and document["host_load"]["busy"] >= 0
+
+
+def test_one_attempt_when_the_scenario_asks_for_one(canned, tmp_path):
+    launched = canned(0.70, 0.99)
+    fidelity = probe(scenario(attempts=1), tmp_path)
+    assert len(launched) == 1 and not fidelity.trusted
+    assert "attempts" not in fidelity.reason
+
+
+def test_busbw_of_the_canned_results_is_what_the_fraction_says():
+    _, expected = runner.slowest_link_goodput(scenario())
+    assert bus_bandwidth(SIZE, seconds_for(0.5, expected), 2) == pytest.approx(0.5 * expected)
