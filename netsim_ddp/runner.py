@@ -18,7 +18,7 @@ from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic
 from .fabric.fidelity import expected_goodput
 from .gate import Verdict, default_expectations, evaluate
-from .hostload import CpuLoad, CpuTimes
+from .hostload import CpuLoad
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
@@ -46,7 +46,7 @@ class CollectiveFidelity:
     attempts_bps: list[float]  # each attempt's median bus bandwidth
     expected_bps: float  # the slowest link's TCP goodput
     min_fraction: float
-    host_load: CpuLoad | None = None  # CPU use during the last attempt
+    host_load: CpuLoad | None = None  # CPU use during the last attempt's timed all-reduces
 
     @property
     def busbw_bps(self) -> float:
@@ -318,13 +318,12 @@ def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path
             progress(f"{scenario.name}: all-reduce probe attempt {attempt + 1} of "
                      f"{scenario.fidelity.attempts} (so far {fidelity.fraction:.0%} of the link)")
         attempt_out = out / f"attempt{attempt}"
-        before = CpuTimes.read()
         launch(fabric.nodes, spec, attempt_out,
                timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
                ranks_per_node=scenario.topology.ranks_per_node)
-        fidelity.host_load = CpuLoad.between(before, CpuTimes.read())
         result = read_probe(attempt_out)
         fidelity.size_bytes = result.size_bytes
+        fidelity.host_load = CpuLoad(**result.host_load) if result.host_load else None
         fidelity.attempts_bps.append(summarize(busbw_samples(result)).median)
         if fidelity.trusted:
             break

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from netsim_ddp.hostload import CpuLoad, CpuTimes
+
 RESULT_FILE = "allreduce.json"
 
 
@@ -32,6 +34,8 @@ class AllreduceResult(BaseModel):
     size_bytes: int
     world_size: int
     seconds: list[float] = Field(description="Per iteration, the slowest rank's all-reduce.")
+    host_load: dict[str, float] | None = Field(
+        None, description="The host's CPU use over the timed iterations (hostload.CpuLoad).")
 
 
 def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
@@ -41,19 +45,24 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
 
     buffer = torch.ones(probe.size_bytes // 4, dtype=torch.float32)
     seconds = []
+    cpu_before = None
     for iteration in range(probe.warmup + probe.iterations):
         dist.barrier()
+        if iteration == probe.warmup:
+            cpu_before = CpuTimes.read()
         start = time.perf_counter()
         dist.all_reduce(buffer)
         if iteration >= probe.warmup:
             seconds.append(time.perf_counter() - start)
+    load = CpuLoad.between(cpu_before, CpuTimes.read())
     gathered: list[list[float] | None] = [None] * dist.get_world_size()
     dist.gather_object(seconds, gathered if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() == 0:
         ranks = [g for g in gathered if g is not None]
         slowest = [max(column) for column in zip(*ranks, strict=True)]
         result = AllreduceResult(size_bytes=buffer.numel() * 4,
-                                 world_size=dist.get_world_size(), seconds=slowest)
+                                 world_size=dist.get_world_size(), seconds=slowest,
+                                 host_load=load.as_dict() if load else None)
         (out_dir / RESULT_FILE).write_text(result.model_dump_json())
 
 

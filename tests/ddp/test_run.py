@@ -130,6 +130,7 @@ def test_10gbe_is_refused_where_the_host_cannot_drive_it():
     # a refusal repeats: every attempt fell short, and the reason lists them
     assert len(fidelity.attempts_bps) == report.scenario.fidelity.attempts > 1
     assert f"best of {len(fidelity.attempts_bps)} attempts" in report.refused
+    assert fidelity.host_load is not None and "host CPUs" in report.refused
 
 
 def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path):
