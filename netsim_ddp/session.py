@@ -123,7 +123,8 @@ class NetsimSession:
         for report in self.reports:
             failed = sum(not check.passed for check in report.checks)
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
-                         + (f", {failed} failed check(s)" if failed else ""))
+                         + (f", {failed} failed check(s)" if failed else "")
+                         + _probe_summary([report]))
             for mode, result in report.modes.items():
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
                              f"  comm {result.comm.median * 1e3:8.1f} ms"
@@ -133,7 +134,8 @@ class NetsimSession:
             held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
                         f"{sweep.holdout.target:.0%})" if sweep.holdout else "no hold-out")
             lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
-                         f", {len(sweep.points)} points, {held_out}")
+                         f", {len(sweep.points)} points, {held_out}"
+                         + _probe_summary([point.report for point in sweep.points]))
         if self.save_baseline is not None:
             lines.append(f"  baseline saved to {self.save_baseline}")
         if self.json_path is not None:
@@ -175,3 +177,15 @@ class NetsimSession:
                   for check in report.checks if not check.passed]
         lines += [f"  passed {check.name}" for check in report.checks if check.passed]
         return "\n".join(lines)
+
+
+def _probe_summary(reports: list[ScenarioReport]) -> str:
+    """", all-reduce probe 97-100% of the link (1 retried)": how far the runs can be trusted."""
+    probes = [report.fidelity for report in reports if report.fidelity is not None]
+    if not probes:
+        return ""
+    low, high = min(p.fraction for p in probes), max(p.fraction for p in probes)
+    span = f"{low:.0%}" if round(low, 2) == round(high, 2) else f"{low:.0%}-{high:.0%}"
+    retried = sum(len(p.attempts_bps) > 1 for p in probes)
+    return (f", all-reduce probe {span} of the link"
+            + (f" ({retried} retried)" if retried else ""))

@@ -37,7 +37,8 @@ def test_scenario_files_are_tests_with_reports(pytester):
     result = pytester.runpytest_subprocess("scenarios", "--junitxml=junit.xml",
                                            "--netsim-json=results.json", "-m", "netsim")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*netsim-ddp scenarios*", "*tiny: PASSED*",
+    result.stdout.fnmatch_lines(["*netsim-ddp scenarios*",
+                                 "*tiny: PASSED, all-reduce probe *% of the link*",
                                  "*amp-fp16*iteration*comm*wire*MB/it*"])
     document = json.loads((pytester.path / "results.json").read_text())
     assert document["scenarios"][0]["passed"] is True

@@ -79,3 +79,16 @@ def test_one_attempt_when_the_scenario_asks_for_one(canned, tmp_path):
 def test_busbw_of_the_canned_results_is_what_the_fraction_says():
     _, expected = runner.slowest_link_goodput(scenario())
     assert bus_bandwidth(SIZE, seconds_for(0.5, expected), 2) == pytest.approx(0.5 * expected)
+
+
+def test_the_summary_line_says_how_far_runs_can_be_trusted():
+    from netsim_ddp.runner import CollectiveFidelity
+    from netsim_ddp.session import _probe_summary
+
+    def report(*attempts):
+        return SimpleNamespace(fidelity=CollectiveFidelity(SIZE, 2, list(attempts), 1e9, 0.9))
+
+    assert _probe_summary([report(1e9)]) == ", all-reduce probe 100% of the link"
+    assert (_probe_summary([report(0.7e9, 0.97e9), report(1e9), SimpleNamespace(fidelity=None)])
+            == ", all-reduce probe 97%-100% of the link (1 retried)")
+    assert _probe_summary([SimpleNamespace(fidelity=None)]) == ""
