@@ -171,4 +171,6 @@ def _baseline_value(tolerance: Tolerance, entry: BaselineEntry) -> float:
 
     if tolerance.metric.stat is None:
         return entry.wire_bytes_per_iteration
-    return statistic(_baseline_samples(tolerance, entry), tolerance.metric.stat)
+    samples = _baseline_samples(tolerance, entry)
+    assert samples is not None  # every series that takes a statistic has samples
+    return statistic(samples, tolerance.metric.stat)

@@ -89,7 +89,8 @@ def check(json_out: str | None) -> None:
         ("nccl + GPUs", torch_info["nccl"], f"GPU collectives ({torch_info['cuda_devices']} GPUs)"),
     ]
     for name, status, use in rows:
-        shown = {True: "[green]yes[/]", False: "[red]no[/]"}.get(status, str(status))
+        shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
+                 else str(status))
         table.add_row(name, shown, use)
     _human(json_out).print(table)
     if caps.error:

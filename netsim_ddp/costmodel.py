@@ -64,6 +64,13 @@ class StepPoint:
     label: str = ""
 
     @property
+    def efficiency(self) -> float:
+        """Scaling efficiency as measured: compute-only time / step time."""
+        if self.step_s is None:
+            raise ValueError(f"{self.mode} at {self.world_size} ranks: a prediction, not measured")
+        return self.compute_s / self.step_s
+
+    @property
     def bandwidth_term(self) -> float:
         """2(n-1)/n x S / link, seconds at 100% link efficiency."""
         return ring_factor(self.world_size) * self.bytes_per_rank * 8 / self.link_bps

@@ -69,7 +69,9 @@ class Metric:
     def value(self, mode: ModeReport) -> float:
         if self.stat is None:
             return float(getattr(mode, self.series))
-        return statistic(self.samples(mode), self.stat)
+        samples = self.samples(mode)
+        assert samples is not None  # every series that takes a statistic has samples
+        return statistic(samples, self.stat)
 
     def format(self, value: float) -> str:
         if self.series.endswith("_s"):
@@ -173,7 +175,7 @@ def _ratio_verdict(e: Expectation, metric: Metric, x: ModeReport, y: ModeReport)
         text = (f"{e.mode} {metric.format(x_value)} is {ratio:.3f} x {e.vs}'s "
                 f"{metric.format(y_value)}; needs {sign} {bound:g} x")
         x_samples, y_samples = metric.samples(x), metric.samples(y)
-        if x_samples is None:  # exact counts: no noise to test against
+        if x_samples is None or y_samples is None:  # exact counts: no noise to test against
             ok = within
         else:
             if metric.is_spread:

@@ -129,7 +129,7 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
     for i, (mode, points) in enumerate(by_mode.items()):
         color = _color(mode, i)
         worlds = [p.world_size for p in points]
-        ax.plot(worlds, [p.compute_s / p.step_s for p in points], "o-", color=color,
+        ax.plot(worlds, [p.efficiency for p in points], "o-", color=color,
                 label=f"{mode} measured")
         numbers = {p["world_size"]: p["modes"][mode] for p in sweep["points"]
                    if mode in p["modes"]}
@@ -152,7 +152,7 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
                                label=f"{mode} held-out prediction ({h['error']:+.0%})")
         for p in points:
             if (p.label, mode) in held_labels:
-                ax.scatter([p.world_size], [p.compute_s / p.step_s], s=120,
+                ax.scatter([p.world_size], [p.efficiency], s=120,
                            facecolors="none", edgecolors=color, zorder=4)
     ax.set_xlabel("world size (ranks; 1 per node unless swept)")
     ax.set_ylabel("scaling efficiency (compute / step)")

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .scenario import Scenario, ScenarioError
 
+if TYPE_CHECKING:
+    from _pytest._code.code import TerminalRepr
+
+    from .session import NetsimSession
+
 XDIST_GROUP = "netsim-ddp"
-_SESSION = pytest.StashKey["NetsimSession"]()
+_SESSION: pytest.StashKey[NetsimSession] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -117,7 +122,8 @@ class ScenarioItem(pytest.Item):
         if report.status != "passed":
             raise ScenarioFailure(session.failure_text(report))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style=None) -> str | TerminalRepr:
         if isinstance(excinfo.value, ScenarioFailure):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)

@@ -16,6 +16,7 @@ def mode_table(report: ScenarioReport) -> Table:
     scenario = report.scenario
     topology = scenario.topology
     workload = scenario.workload
+    assert workload is not None  # only reports of runs that trained have a table
     title = (f"{scenario.name}: {topology.nodes} nodes x {topology.ranks_per_node} ranks, "
              f"{format_rate(scenario.link.rate)} links, {workload.model} "
              f"{workload.params / 1e6:.1f}M params")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .baseline import Baseline, BaselineError, save
 from .gate import Tolerance, Verdict
@@ -68,7 +69,7 @@ class NetsimSession:
         path = path.resolve()
         return path in self.explicit_files or any(d in path.parents for d in self.scenario_dirs)
 
-    def _options(self, scenario: Scenario) -> dict[str, object]:
+    def _options(self, scenario: Scenario) -> dict[str, Any]:
         return {"iterations": self.iterations, "allow_untrusted": self.allow_untrusted,
                 "timeout_s": self.timeout_s,
                 "out_dir": self.out_dir / scenario.name if self.out_dir else None}
@@ -77,6 +78,7 @@ class NetsimSession:
         """A scenario with a [sweep]: every point, the cost model, hold-out and projection."""
         from .sweep import run_sweep
 
+        assert scenario.sweep is not None
         sweep = run_sweep(scenario, scenario.sweep, **(self._options(scenario) | overrides))
         self.sweeps.append(sweep)
         return sweep
@@ -98,6 +100,7 @@ class NetsimSession:
         return report
 
     def gate(self, report: ScenarioReport) -> list[Verdict]:
+        assert self.baseline is not None
         try:
             return self.baseline.compare(report, self.tolerances, self.alpha)
         except BaselineError as exc:  # a clear failure, never a silent pass

@@ -254,7 +254,9 @@ def _project(report: SweepReport, usable: list[SweepPoint]) -> Projection | None
     buckets = {mode: step.buckets for mode, step in steps.items()}
     if config.params is not None:
         scale = config.params / _params(reference)
-        bucket_bytes = reference.report.scenario.workload.bucket_size
+        workload = reference.report.scenario.workload
+        assert workload is not None  # a sweep point always trains
+        bucket_bytes = workload.bucket_size
         fp32_bytes = config.params * 4
         buckets = {mode: max(1, math.ceil(fp32_bytes / bucket_bytes)) for mode in steps}
     if config.compute is None:

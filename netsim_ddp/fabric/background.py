@@ -183,6 +183,7 @@ class BackgroundTraffic:
 
 
 def _read_line(process: subprocess.Popen, role: str) -> str:
+    assert process.stdout is not None  # started with stdout=PIPE
     line = process.stdout.readline().strip()
     if not line:
         process.kill()

@@ -33,6 +33,12 @@ class Capabilities:
     error: str | None = None  # why namespaces cannot be made, if they cannot
     delay_line_error: str | None = None
 
+    @classmethod
+    def unavailable(cls, privilege: str, error: str) -> Capabilities:
+        """Nothing can be probed: every feature reads as missing, with the reason."""
+        return cls(privilege, namespaces=False, veth=False, bridge=False, tbf=False, htb=False,
+                   netem=False, ifb=False, clsact=False, error=error)
+
     @property
     def can_build(self) -> bool:
         """Enough for a shaped fabric: namespaces, veths, a bridge and tbf."""
@@ -55,7 +61,7 @@ def probe_capabilities() -> Capabilities:
     try:
         mode = privilege.ensure_network_privilege()
     except privilege.PrivilegeError as exc:
-        return Capabilities("none", *([False] * 8), error=str(exc))
+        return Capabilities.unavailable("none", str(exc))
     run_id = naming.new_run_id()
     name = naming.netns_name(run_id, "probe")
     lock = naming.RunLock(run_id)
@@ -64,7 +70,7 @@ def probe_capabilities() -> Capabilities:
         netns.create(name)
     except OSError as exc:
         lock.release()
-        return Capabilities(mode, *([False] * 8), error=str(exc))
+        return Capabilities.unavailable(mode, str(exc))
     try:
         with netns.entered(name), IPRoute() as ipr:
             kernel = _probe_kernel(ipr, mode)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
@@ -202,6 +203,7 @@ class Fabric:
 
     def _start_delay_line(self, stack: contextlib.ExitStack, node: NodePlan,
                           rt_priority: int) -> None:
+        assert node.delay_netns is not None  # planned for every node whose backend is the line
         link = node.link
         spec = delayline.DelayLineSpec(
             delay_s=link.delay, jitter_s=link.jitter, distribution=link.jitter_distribution,
@@ -277,13 +279,13 @@ class Fabric:
                 return False
             time.sleep(0.005)
 
-    def _root_qdisc(self, namespace: str, index: int) -> dict[str, object]:
+    def _root_qdisc(self, namespace: str, index: int) -> dict[str, Any]:
         for msg in self._iproutes[namespace].get_qdiscs(index=index):
             if msg["parent"] == TC_H_ROOT:
                 return _qdisc_summary(msg)
         raise FabricError(f"no root qdisc on interface {index} in {namespace}")
 
-    def qdiscs(self, node: str | int) -> list[dict[str, object]]:
+    def qdiscs(self, node: str | int) -> list[dict[str, Any]]:
         """The qdiscs on a node's eth0 as the kernel reports them (kind, handle, bytes sent)."""
         target = self.node(node)
         ipr = self._iproutes[target.netns]
@@ -326,7 +328,7 @@ def _apply_qdiscs(ipr: IPRoute, index: int, qdiscs: tuple[QdiscPlan, ...]) -> No
         ipr.tc("add", qdisc.kind, index=index, handle=qdisc.handle, **placement, **qdisc.params)
 
 
-def _qdisc_summary(msg) -> dict[str, object]:
+def _qdisc_summary(msg) -> dict[str, Any]:
     stats = msg.get_attr("TCA_STATS2")
     basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
     return {

@@ -115,7 +115,9 @@ def measure_goodputs(pairs: list[tuple[Node, Node]], seconds: float = 1.0,
             receivers.append(destination.popen(
                 [sys.executable, "-c", _RECEIVER, destination.address, str(warmup)],
                 stdout=subprocess.PIPE, text=True))
-            ports.append(receivers[-1].stdout.readline().strip())  # listening: ready
+            stdout = receivers[-1].stdout
+            assert stdout is not None  # piped above
+            ports.append(stdout.readline().strip())  # listening: ready
             if not ports[-1]:
                 raise RuntimeError(f"goodput probe receiver in {destination.name} did not start")
         for (source, destination), port in zip(pairs, ports, strict=True):

@@ -147,7 +147,8 @@ def pids_in(names: list[str]) -> dict[str, list[int]]:
         return found
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            name = wanted.get(_inode(f"/proc/{entry.name}/ns/net"))
+            inode = _inode(f"/proc/{entry.name}/ns/net")
+            name = wanted.get(inode) if inode is not None else None
             if name is not None:
                 found[name].append(int(entry.name))
     return found
