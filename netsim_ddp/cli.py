@@ -218,7 +218,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
     from .report import mode_table, sweep_tables
-    from .session import NetsimSession, SessionOptionError
+    from .session import NetsimSession, SessionOptionError, steal_warning
 
     scenarios = _load_all(files)
     for scenario in scenarios:
@@ -245,6 +245,9 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
                                           progress=lambda message: status.update(message))
             for renderable in sweep_tables(sweep):
                 human.print(renderable)
+            warning = steal_warning([point.report for point in sweep.points])
+            if warning:
+                human.print(f"[yellow]{escape(warning)}[/]")
             continue
         with err.status("") as status:
             report = session.run(scenario, profile=profile,
@@ -259,6 +262,9 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         for check in report.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
             human.print(f"  {mark} {check.name}: {escape(check.detail)}")
+        warning = steal_warning([report])
+        if warning:
+            human.print(f"  [yellow]{escape(warning)}[/]")
     session.finish()
     _write_json(json_out, session.document())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)

@@ -18,7 +18,7 @@ from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic
 from .fabric.fidelity import expected_goodput
 from .gate import Verdict, default_expectations, evaluate
-from .hostload import CpuLoad
+from .hostload import CpuLoad, CpuTimes
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
@@ -164,6 +164,7 @@ class ScenarioReport:
     checks: list[Verdict] = field(default_factory=list)
     delay_backends: dict[str, str | None] = field(default_factory=dict)
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
+    host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
 
     @property
     def status(self) -> str:
@@ -187,6 +188,7 @@ class ScenarioReport:
             "error": self.error,
             "run_id": self.run_id,
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
+            "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
                         "delay_line": self.delay_line_stats},
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
@@ -268,11 +270,13 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         signals = out / "signals"
         signals.mkdir(parents=True, exist_ok=True)
         spec = RankSpec(workload=workload)
+        before = CpuTimes.read()
         with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic:
             results = launch(fabric.nodes, spec, out / "train",
                              timeout_s or _training_timeout(scenario, workload, link_bps),
                              ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
                              env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)})
+            report.host_load = CpuLoad.between(before, CpuTimes.read())
             return results, traffic.stop()
 
 

@@ -128,6 +128,7 @@ class NetsimSession:
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
                          + (f", {failed} failed check(s)" if failed else "")
                          + _probe_summary([report]))
+            lines += [f"    {warning}" for warning in [steal_warning([report])] if warning]
             for mode, result in report.modes.items():
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
                              f"  comm {result.comm.median * 1e3:8.1f} ms"
@@ -139,6 +140,8 @@ class NetsimSession:
             lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
                          f", {len(sweep.points)} points, {held_out}"
                          + _probe_summary([point.report for point in sweep.points]))
+            warning = steal_warning([point.report for point in sweep.points])
+            lines += [f"    {warning}"] if warning else []
         if self.save_baseline is not None:
             lines.append(f"  baseline saved to {self.save_baseline}")
         if self.json_path is not None:
@@ -149,6 +152,8 @@ class NetsimSession:
     def properties(report: ScenarioReport) -> list[tuple[str, object]]:
         """Values for JUnit XML (record_property)."""
         values: list[tuple[str, object]] = [("netsim.status", report.status)]
+        if report.host_load is not None:
+            values.append(("netsim.host_steal", report.host_load.steal))
         for mode, result in report.modes.items():
             values += [(f"netsim.{mode}.iteration_s.median", result.iteration.median),
                        (f"netsim.{mode}.comm_s.median", result.comm.median),
@@ -192,3 +197,17 @@ def _probe_summary(reports: list[ScenarioReport]) -> str:
     retried = sum(len(p.attempts_bps) > 1 for p in probes)
     return (f", all-reduce probe {span} of the link"
             + (f" ({retried} retried)" if retried else ""))
+
+
+STEAL_WARNING = 0.05  # of all CPU time: more, and absolute timings reflect the neighbours
+
+
+def steal_warning(reports: list[ScenarioReport]) -> str | None:
+    """A line when the hypervisor took a noticeable share of the CPUs while modes trained:
+    comparisons between modes of one run still hold, absolute times (baselines) less so."""
+    steal = max((r.host_load.steal for r in reports if r.host_load is not None), default=0.0)
+    if steal < STEAL_WARNING:
+        return None
+    return (f"warning: the hypervisor took {steal:.0%} of this host's CPU time while training: "
+            "modes compared within the run still hold; absolute times (and baselines) reflect "
+            "the neighbours too")

@@ -76,6 +76,8 @@ def test_results_json_carries_the_promised_keys(three_modes):
         assert data["seconds_per_sample"] == pytest.approx(
             data["summary"]["iteration_s"]["median"] / 16)
     assert all({"name", "passed", "detail"} <= set(check) for check in entry["checks"])
+    # the host's CPUs while training: the ranks kept them busy
+    assert 0 < entry["host_load"]["busy"] <= 1 and 0 <= entry["host_load"]["steal"] <= 1
 
 
 def test_busbw_and_ring_bound_are_reported(three_modes):

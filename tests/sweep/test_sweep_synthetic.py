@@ -231,6 +231,22 @@ def test_refused_points_make_a_refused_sweep_not_a_failed_one():
     assert results_document([], [sweep])["sweeps"][0]["status"] == "refused"
 
 
+def test_a_refused_point_leaves_the_hold_out_unjudged():
+    # With 2 nodes refused, the fit sees 1 and 3 nodes only; the 4-node prediction misses
+    # because of what this host could not measure, which is no verdict on the network.
+    def runner(scenario, **kwargs):
+        report = refusing_runner({2})(scenario, **kwargs)
+        if scenario.topology.nodes == 4:
+            for mode in report.modes.values():
+                mode.result.iteration_s = [s * 1.3 for s in mode.result.iteration_s]
+                mode.__post_init__()
+        return report
+
+    sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4], params=["2M", "4M"]),
+                      runner=runner)
+    assert not sweep.holdout.within_target and sweep.status == "refused"
+
+
 def test_a_failed_point_outweighs_a_refused_one():
     sweep = run_sweep(base(), SweepConfig(nodes=[2, 3]), runner=refusing_runner({2}, {3}))
     assert sweep.status == "failed"

@@ -1,5 +1,6 @@
-"""The all-reduce probe's attempts, without a network: launch is replaced by canned results, so
-the retry rule itself is what is tested (the real probe runs in tests/ddp)."""
+"""How far a run can be trusted, without a network: the all-reduce probe's attempts (launch is
+replaced by canned results, so the retry rule itself is tested; the real probe runs in
+tests/ddp), and what the summary says about the probe and the host."""
 
 from types import SimpleNamespace
 
@@ -92,3 +93,15 @@ def test_the_summary_line_says_how_far_runs_can_be_trusted():
     assert (_probe_summary([report(0.7e9, 0.97e9), report(1e9), SimpleNamespace(fidelity=None)])
             == ", all-reduce probe 97%-100% of the link (1 retried)")
     assert _probe_summary([SimpleNamespace(fidelity=None)]) == ""
+
+
+def test_steal_while_training_is_a_warning_above_five_percent():
+    from netsim_ddp.hostload import CpuLoad
+    from netsim_ddp.session import steal_warning
+
+    def report(steal):
+        return SimpleNamespace(host_load=CpuLoad(busy=0.6, steal=steal, softirq=0.05))
+
+    assert steal_warning([report(0.01), SimpleNamespace(host_load=None)]) is None
+    warning = steal_warning([report(0.01), report(0.25)])
+    assert warning is not None and "the hypervisor took 25% of this host's CPU" in warning
