@@ -2,7 +2,8 @@
 
 A refused probe says why the host fell short: its own CPUs were saturated (too fast a link for
 this host), or a hypervisor took time away from them (steal, the usual culprit on shared CI
-VMs), or neither (look elsewhere). Ten lines of /proc/stat need no library.
+VMs), or neither (look elsewhere). A training run records the same, since steal shifts absolute
+times. Ten lines of /proc/stat need no library.
 """
 
 from __future__ import annotations

@@ -128,7 +128,8 @@ class NetsimSession:
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
                          + (f", {failed} failed check(s)" if failed else "")
                          + _probe_summary([report]))
-            lines += [f"    {warning}" for warning in [steal_warning([report])] if warning]
+            warning = steal_warning([report])
+            lines += [f"    {warning}"] if warning else []
             for mode, result in report.modes.items():
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
                              f"  comm {result.comm.median * 1e3:8.1f} ms"
