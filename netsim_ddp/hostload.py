@@ -8,10 +8,14 @@ times. Ten lines of /proc/stat need no library.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
+# Steal above this share of all CPU time shifts absolute timings: comparisons between modes of
+# one run still hold, comparisons with other runs (baselines, a sweep's other points) less so.
+STEAL_NOTICEABLE = 0.05
 # The aggregate "cpu" line: user nice system idle iowait irq softirq steal (guest time is
 # already counted in user and nice).
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -64,4 +68,8 @@ class CpuLoad:
         return {"busy": self.busy, "steal": self.steal, "softirq": self.softirq}
 
 
-__all__ = ["CpuLoad", "CpuTimes"]
+def max_steal(loads: Iterable[CpuLoad | None]) -> float:
+    return max((load.steal for load in loads if load is not None), default=0.0)
+
+
+__all__ = ["STEAL_NOTICEABLE", "CpuLoad", "CpuTimes", "max_steal"]

@@ -65,9 +65,8 @@ def sweep_tables(sweep) -> list[object]:
     if sweep.holdout is not None:
         errors = ", ".join(f"{mode} {error:+.1%}" for mode, error in
                            sweep.holdout.errors_by_mode().items())
-        verdict = "ok" if sweep.holdout.within_target else "MISSED"
         out.append(f"held-out prediction of the largest points: {errors} "
-                   f"(target within {sweep.holdout.target:.0%}: {verdict})")
+                   f"(target within {sweep.holdout.target:.0%}: {sweep.holdout.verdict})")
     if sweep.projection is not None:
         projection = sweep.projection
         table = Table(title=projection.label, title_justify="left")

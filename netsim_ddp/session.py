@@ -10,6 +10,7 @@ from typing import Any
 
 from .baseline import Baseline, BaselineError, save
 from .gate import Tolerance, Verdict
+from .hostload import STEAL_NOTICEABLE, max_steal
 from .runner import ScenarioReport, results_document, run_scenario
 from .scenario import Scenario
 
@@ -137,7 +138,8 @@ class NetsimSession:
                              f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
         for sweep in self.sweeps:
             held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
-                        f"{sweep.holdout.target:.0%})" if sweep.holdout else "no hold-out")
+                        f"{sweep.holdout.target:.0%}: {sweep.holdout.verdict})"
+                        if sweep.holdout else "no hold-out")
             lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
                          f", {len(sweep.points)} points, {held_out}"
                          + _probe_summary([point.report for point in sweep.points]))
@@ -170,7 +172,7 @@ class NetsimSession:
             if not point.report.passed:
                 lines.append(f"  point {point.as_dict()['label']}: "
                              + NetsimSession.failure_text(point.report).replace("\n", "\n  "))
-        if sweep.holdout is not None and not sweep.holdout.within_target:
+        if sweep.holdout is not None and not sweep.holdout.met:
             lines.append(f"  the cost model missed the held-out points by up to "
                          f"{sweep.holdout.max_abs_error:.1%} (target {sweep.holdout.target:.0%})")
         lines += [f"  note: {note}" for note in sweep.notes]
@@ -200,14 +202,11 @@ def _probe_summary(reports: list[ScenarioReport]) -> str:
             + (f" ({retried} retried)" if retried else ""))
 
 
-STEAL_WARNING = 0.05  # of all CPU time: more, and absolute timings reflect the neighbours
-
-
 def steal_warning(reports: list[ScenarioReport]) -> str | None:
     """A line when the hypervisor took a noticeable share of the CPUs while modes trained:
     comparisons between modes of one run still hold, absolute times (baselines) less so."""
-    steal = max((r.host_load.steal for r in reports if r.host_load is not None), default=0.0)
-    if steal < STEAL_WARNING:
+    steal = max_steal(report.host_load for report in reports)
+    if steal < STEAL_NOTICEABLE:
         return None
     return (f"warning: the hypervisor took {steal:.0%} of this host's CPU time while training: "
             "modes compared within the run still hold; absolute times (and baselines) reflect "

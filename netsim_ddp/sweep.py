@@ -40,6 +40,7 @@ from .costmodel import (
     holdout,
     project,
 )
+from .hostload import STEAL_NOTICEABLE, max_steal
 from .runner import ScenarioReport, run_scenario, slowest_link_goodput
 from .scenario import Scenario
 from .sweepconfig import ProjectionConfig, SweepConfig
@@ -103,7 +104,8 @@ class SweepPoint:
                 mode=mode, world_size=report.result.world_size, link_bps=link_bps,
                 bytes_per_rank=report.result.sent_bytes_per_iteration,
                 buckets=_buckets(report), compute_s=report.compute.median,
-                step_s=report.iteration.median, label=point_label(self.values)))
+                step_s=report.iteration.median, label=point_label(self.values),
+                step_samples=tuple(report.result.iteration_s)))
         return out
 
     def mode_numbers(self) -> dict[str, dict[str, float | int]]:
@@ -145,14 +147,26 @@ class SweepReport:
     def status(self) -> str:
         """"failed" when a point failed its checks or broke; else "refused" when this host
         could not drive a point faithfully (as for a single scenario, no verdict: the model
-        and its hold-out were fitted on what was left); else "failed" when the held-out error
-        missed its target; else "passed"."""
+        and its hold-out were fitted on what was left), or when the hold-out missed while the
+        hypervisor stole noticeable CPU time (the points were measured minutes apart, so a
+        neighbour can shift one against another); else "failed" when the hold-out missed
+        (`HoldoutResult.met`); else "passed"."""
         statuses = {point.report.status for point in self.points}
         if statuses & {"failed", "error"}:
             return "failed"
-        if "refused" in statuses:
+        if "refused" in statuses or self._holdout_disturbed:
             return "refused"
-        return "failed" if self.holdout and not self.holdout.within_target else "passed"
+        return "failed" if self.holdout and not self.holdout.met else "passed"
+
+    @property
+    def steal(self) -> float:
+        """The largest share of CPU time the hypervisor took while a point trained."""
+        return max_steal(point.report.host_load for point in self.points)
+
+    @property
+    def _holdout_disturbed(self) -> bool:
+        return (self.holdout is not None and not self.holdout.met
+                and self.steal >= STEAL_NOTICEABLE)
 
     @property
     def passed(self) -> bool:
@@ -160,8 +174,16 @@ class SweepReport:
 
     @property
     def refusals(self) -> list[str]:
-        return [f"point {point_label(point.values)}: {point.report.refused}"
-                for point in self.points if point.report.refused]
+        reasons = [f"point {point_label(point.values)}: {point.report.refused}"
+                   for point in self.points if point.report.refused]
+        if self._holdout_disturbed:
+            assert self.holdout is not None
+            reasons.append(
+                f"the cost model missed the held-out points by up to "
+                f"{self.holdout.max_abs_error:.1%} (target {self.holdout.target:.0%}) while the "
+                f"hypervisor took up to {self.steal:.0%} of this host's CPU time: not judged, "
+                "since a neighbour shifts points measured minutes apart. Rerun on a quieter host")
+        return reasons
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -169,6 +191,8 @@ class SweepReport:
             "file": str(self.scenario.path) if self.scenario.path else None,
             "passed": self.passed,
             "status": self.status,
+            "refusals": self.refusals,
+            "host_steal": self.steal,
             "seconds": self.seconds,
             "axes": self.config.axes(),
             "config": self.config.model_dump(mode="json"),

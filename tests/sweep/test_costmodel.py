@@ -138,3 +138,40 @@ def test_projection_is_labelled_and_behaves():
     expected_ar = 2 * 15 / 16 * 100e6 * 8 / (0.9 * 10e9) + 2 * 15 * 4 * 0.004
     assert row["allreduce_s"] == pytest.approx(expected_ar)
     assert row["efficiency"] == pytest.approx(0.1 / (0.1 + expected_ar - 0.03))
+
+
+def test_a_holdout_miss_counts_only_beyond_the_measurements_noise():
+    train = synthetic(worlds=(2, 3))
+    exact = [p for p in synthetic(worlds=(4,)) if p.mode == "fp32"][:1]
+    (point,) = exact
+    predicted = holdout(train, exact).predicted_s[0]
+
+    def measured(scale, spread):
+        # 10 steps spread symmetrically around a median of predicted x scale
+        samples = tuple(predicted * scale * (1 + spread * (k + 0.5) / 4.5)
+                        for k in range(-5, 5))
+        return [StepPoint(point.mode, 4, point.link_bps, point.bytes_per_rank, point.buckets,
+                          point.compute_s, predicted * scale, "n=4", samples)]
+
+    # 17% slower than predicted with tight steps: missed.
+    tight = holdout(train, measured(1.2, 0.02))
+    assert tight.max_abs_error > 0.15 and tight.misses == [True] and not tight.met
+    assert tight.verdict == "MISSED"
+    # The same median from steps that scatter +-30%: the miss is within the noise.
+    noisy = holdout(train, measured(1.2, 0.3))
+    assert noisy.max_abs_error > 0.15 and noisy.misses == [False] and noisy.met
+    assert not noisy.within_target and "noise" in noisy.verdict
+    entry = noisy.as_dict()["held_out"][0]
+    assert entry["missed"] is False and entry["measured_interval_s"][0] < entry["step_s"]
+    # Off by twice the measured step, no amount of this noise hides it.
+    assert not holdout(train, measured(0.5, 0.3)).met
+
+
+def test_errors_by_mode_keeps_each_modes_worst_point():
+    points = synthetic(worlds=(2, 3, 4))
+    train = [p for p in points if p.world_size < 4]
+    held = [StepPoint(p.mode, p.world_size, p.link_bps, p.bytes_per_rank, p.buckets,
+                      p.compute_s, p.step_s * (1.1 if i == 1 else 1.0))
+            for i, p in enumerate(p for p in points if p.world_size == 4)]
+    worst = holdout(train, held).errors_by_mode()
+    assert worst["amp-fp16"] == pytest.approx(1 / 1.1 - 1, rel=1e-3)  # the second point

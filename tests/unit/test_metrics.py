@@ -33,3 +33,13 @@ def test_ring_lower_bound_and_bus_bandwidth_agree():
     # An all-reduce that takes exactly the ideal time runs at the link's rate.
     assert bus_bandwidth(size, t, 4) == pytest.approx(link)
     assert ring_allreduce_lower_bound(size, 4, link, latency_s=1e-3) == pytest.approx(t + 6e-3)
+
+
+def test_median_interval_is_the_order_statistics_interval():
+    from netsim_ddp.metrics import median_interval
+
+    # Distribution-free: with 6 samples the 95% interval spans them all; with 10 it drops the
+    # extremes (P(median outside [x(2), x(9)]) = 2 x 11/1024 < 5%).
+    assert median_interval([3, 1, 2, 6, 5, 4]) == (1, 6)
+    assert median_interval(list(range(10, 0, -1))) == (2, 9)
+    assert median_interval([0.5]) == (0.5, 0.5)
