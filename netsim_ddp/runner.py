@@ -22,7 +22,13 @@ from .hostload import CpuLoad, CpuTimes
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
-from .workload.collective import AllreduceProbe, busbw_samples, read_probe
+from .workload.collective import (
+    BYTES_PER_ELEMENT,
+    AllreduceProbe,
+    busbw_samples,
+    read_probe,
+)
+from .workload.modes import get_mode
 from .workload.window import NODE_ENV, SIGNAL_DIR_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
@@ -38,15 +44,18 @@ Progress = Callable[[str], None]
 class CollectiveFidelity:
     """The bare all-reduce probe: its bus bandwidth against what the slowest link allows.
 
-    The probe may run several attempts (fidelity.attempts); the verdict uses the best, since the
-    link's cap keeps any attempt from overstating what the host can do."""
+    Each attempt all-reduces every dtype the modes send (float32, and float16 or bfloat16 for
+    the compressing hooks) and scores by the slowest: a run is only as faithful as its slowest
+    mode. The probe may run several attempts (fidelity.attempts); the verdict uses the best,
+    since the link's cap keeps any attempt from overstating what the host can do."""
 
-    size_bytes: int
+    size_bytes: int  # the float32 all-reduce; 16-bit dtypes send the same elements in half
     world_size: int
-    attempts_bps: list[float]  # each attempt's median bus bandwidth
+    attempts_bps: list[float]  # per attempt, the slowest dtype's median bus bandwidth
     expected_bps: float  # the slowest link's TCP goodput
     min_fraction: float
     host_load: CpuLoad | None = None  # CPU use during the last attempt's timed all-reduces
+    dtype_bps: list[dict[str, float]] = field(default_factory=list)  # per attempt, per dtype
 
     @property
     def busbw_bps(self) -> float:
@@ -61,16 +70,37 @@ class CollectiveFidelity:
         return self.fraction >= self.min_fraction
 
     @property
+    def best_by_dtype(self) -> dict[str, float]:
+        """Each dtype's bus bandwidth in the best attempt (empty for a float32-only record)."""
+        if not self.dtype_bps:
+            return {}
+        return self.dtype_bps[self.attempts_bps.index(self.busbw_bps)]
+
+    @property
     def reason(self) -> str:
-        text = (f"an all-reduce of {self.size_bytes / 2**20:.0f} MiB over {self.world_size} ranks "
-                f"reached a bus bandwidth of {self.busbw_bps / 1e6:.0f} Mbit/s, "
-                f"{self.fraction:.0%} of the {self.expected_bps / 1e6:.0f} Mbit/s the slowest "
-                f"link allows (needs >= {self.min_fraction:.0%})")
+        mib = self.size_bytes / 2**20
+        by_dtype = self.best_by_dtype
+        if len(by_dtype) > 1:
+            slowest = min(by_dtype, key=by_dtype.__getitem__)
+            sizes = ", ".join(f"{dtype} {mib * BYTES_PER_ELEMENT[dtype] / 4:.0f} MiB"
+                              for dtype in by_dtype)
+            text = (f"all-reduces of the gradients ({sizes}) over {self.world_size} ranks: "
+                    f"the slowest, {slowest}, reached")
+        else:
+            text = f"an all-reduce of {mib:.0f} MiB over {self.world_size} ranks reached"
+        text += (f" a bus bandwidth of {self.busbw_bps / 1e6:.0f} Mbit/s, "
+                 f"{self.fraction:.0%} of the {self.expected_bps / 1e6:.0f} Mbit/s the slowest "
+                 f"link allows (needs >= {self.min_fraction:.0%})")
         if len(self.attempts_bps) > 1:
             text += (f"; best of {len(self.attempts_bps)} attempts: "
                      + ", ".join(f"{bps / 1e6:.0f}" for bps in self.attempts_bps) + " Mbit/s")
         if self.trusted:
             return text
+        fast = [f"{dtype} {bps / self.expected_bps:.0%}" for dtype, bps in by_dtype.items()
+                if bps / self.expected_bps >= self.min_fraction]
+        if fast:
+            text += (f" ({', '.join(fast)}: gloo sums 16-bit floats on the CPU, slower than "
+                     "float32)")
         if self.host_load is not None:
             text += f"; {self.host_load.describe()}"
         return (text + ": this host cannot move the workload's traffic at the emulated rate, so "
@@ -80,6 +110,7 @@ class CollectiveFidelity:
     def as_dict(self) -> dict[str, object]:
         return {"size_bytes": self.size_bytes, "world_size": self.world_size,
                 "busbw_bps": self.busbw_bps, "attempts_bps": self.attempts_bps,
+                "dtype_bps": self.dtype_bps,
                 "expected_bps": self.expected_bps, "fraction": self.fraction,
                 "min_fraction": self.min_fraction, "trusted": self.trusted,
                 "host_load": self.host_load.as_dict() if self.host_load else None,
@@ -310,8 +341,10 @@ def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[floa
 def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path,
                       timeout_s: float | None, progress: Progress) -> CollectiveFidelity:
     """Attempt after attempt until one reaches fidelity.min_fraction or none are left."""
+    assert scenario.workload is not None  # only a training scenario is probed
     size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-    probe = AllreduceProbe(size_bytes=size)
+    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in scenario.workload.modes))
+    probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": dtypes})
     spec = RankSpec(workload=scenario.workload, modes=[], allreduce_probe=probe)
     _, goodput = slowest_link_goodput(scenario)
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
@@ -325,10 +358,12 @@ def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path
         launch(fabric.nodes, spec, attempt_out,
                timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
                ranks_per_node=scenario.topology.ranks_per_node)
-        result = read_probe(attempt_out)
-        fidelity.size_bytes = result.size_bytes
-        fidelity.host_load = CpuLoad(**result.host_load) if result.host_load else None
-        fidelity.attempts_bps.append(summarize(busbw_samples(result)).median)
+        results = read_probe(attempt_out)
+        by_dtype: dict[str, float] = {r.dtype: summarize(busbw_samples(r)).median for r in results}
+        fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
+                                   if r.host_load), None)
+        fidelity.dtype_bps.append(by_dtype)
+        fidelity.attempts_bps.append(min(by_dtype.values()))
         if fidelity.trusted:
             break
     return fidelity

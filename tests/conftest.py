@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 
@@ -35,3 +38,30 @@ def measure_until():
         return result
 
     return measure_until
+
+
+@pytest.fixture
+def run_cli():
+    """`netsim-ddp ARGS...` in a subprocess, output captured. Past `timeout` it is stopped with
+    SIGTERM, as Ctrl-C would stop it, so it removes its network and ranks, and the test fails:
+    subprocess.run's SIGKILL would leave the ranks training and loading the host for the tests
+    that follow (a CI run here once lost a delay-line test and 15 minutes that way)."""
+
+    def run(*args, timeout=300):
+        argv = [sys.executable, "-m", "netsim_ddp.cli", *map(str, args)]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                out, err = process.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+            pytest.fail(f"netsim-ddp {' '.join(map(str, args))} ran past {timeout} s and was "
+                        f"stopped; its last output:\n{err[-3000:]}")
+        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+    return run

@@ -13,11 +13,11 @@ from netsim_ddp.workload.collective import AllreduceResult
 SIZE = 8 * 2**20
 
 
-def scenario(attempts=3):
+def scenario(attempts=3, modes=("fp32",)):
     return Scenario.from_dict({
         "name": "probe", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
         "fidelity": {"attempts": attempts},
-        "workload": {"params": "2M", "modes": ["fp32"]}})
+        "workload": {"params": "2M", "modes": list(modes)}})
 
 
 def seconds_for(fraction, expected_bps):
@@ -30,12 +30,19 @@ def canned(monkeypatch):
     """Attempts reach the given fractions of the link, in order; returns the launch count."""
     launched = []
 
-    def install(*fractions):
+    def install(*fractions, float16=None):
+        """Each attempt's float32 fraction; `float16` adds that dtype at these fractions."""
         _, expected = runner.slowest_link_goodput(scenario())
         load = {"busy": 0.97, "steal": 0.25, "softirq": 0.1}
-        results = iter(AllreduceResult(size_bytes=SIZE, world_size=2,
-                                       seconds=[seconds_for(f, expected)] * 5, host_load=load)
-                       for f in fractions)
+
+        def result(dtype, fraction):
+            size = SIZE if dtype == "float32" else SIZE // 2
+            return AllreduceResult(dtype=dtype, size_bytes=size, world_size=2,
+                                   seconds=[seconds_for(fraction, expected) * size / SIZE] * 5,
+                                   host_load=load)
+
+        results = iter([result("float32", f)] + ([result("float16", float16[i])] if float16 else [])
+                       for i, f in enumerate(fractions))
         monkeypatch.setattr(runner, "launch", lambda *args, **kwargs: launched.append(args))
         monkeypatch.setattr(runner, "read_probe", lambda out: next(results))
         return launched
@@ -75,6 +82,22 @@ def test_one_attempt_when_the_scenario_asks_for_one(canned, tmp_path):
     fidelity = probe(scenario(attempts=1), tmp_path)
     assert len(launched) == 1 and not fidelity.trusted
     assert "attempts" not in fidelity.reason
+
+
+def test_the_probe_times_every_wire_dtype_and_the_slowest_counts(canned, tmp_path):
+    # A host that moves float32 at the link's rate, but gloo's float16 sum at half of it (as a
+    # 2-core EPYC did at 10 Gbit/s): amp-fp16's run would measure the CPU.
+    launched = canned(0.99, 0.99, 0.98, float16=(0.50, 0.52, 0.49))
+    fidelity = probe(scenario(modes=("fp32", "amp", "amp-fp16")), tmp_path)
+    spec = launched[0][1]
+    assert spec.allreduce_probe.dtypes == ["float32", "float16"]  # amp sends float32 too
+    assert len(launched) == 3 and not fidelity.trusted
+    assert fidelity.fraction == pytest.approx(0.52)
+    assert fidelity.best_by_dtype["float32"] / fidelity.expected_bps == pytest.approx(0.99)
+    assert "the slowest, float16, reached" in fidelity.reason
+    assert "(float32 99%: gloo sums 16-bit floats on the CPU" in fidelity.reason
+    assert "float32 8 MiB, float16 4 MiB" in fidelity.reason
+    assert fidelity.as_dict()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
 
 
 def test_busbw_of_the_canned_results_is_what_the_fraction_says():
