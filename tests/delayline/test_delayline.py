@@ -84,9 +84,16 @@ def test_round_trip_matches_one_way_delay(bed, delay_s: float, measure_until) ->
         return (statistics.median(s.rtt_ns for s in samples),
                 statistics.median(s.one_way_ns for s in samples))
 
+    # The one-way time (kernel receive stamps) judges the delay line at the precision.
+    # The round trip also carries two userspace wake-ups (echo server, client) after idling for
+    # the delay, which the undelayed base RTT never pays: on a KVM guest a halted vCPU takes
+    # 50-250 us to wake (a run here: one-way +47 us, RTT +258 us at 5 ms), so its bound is looser.
+    rtt_fixed_us = 300
+
     def within(rtt_ns: float, one_way_ns: float) -> bool:
         return (abs(one_way_ns - delay_s * 1e9) <= _tolerance_ns(delay_s)
-                and abs(rtt_ns - base_rtt - delay_s * 1e9) <= _tolerance_ns(delay_s, 100))
+                and abs(rtt_ns - base_rtt - delay_s * 1e9)
+                <= _tolerance_ns(delay_s, rtt_fixed_us))
 
     bed.start(DelayLineSpec(delay_s=delay_s))
     rtt, one_way = measure_until(medians, lambda m: within(*m))
@@ -95,7 +102,7 @@ def test_round_trip_matches_one_way_delay(bed, delay_s: float, measure_until) ->
           f"(error {(rtt - base_rtt - delay_s * 1e9) / 1e3:+.0f} us), one-way {one_way / 1e3:.0f}"
           f" us (error {(one_way - delay_s * 1e9) / 1e3:+.0f} us), forwarder {stats}")
     assert abs(one_way - delay_s * 1e9) <= _tolerance_ns(delay_s)
-    assert abs(rtt - base_rtt - delay_s * 1e9) <= _tolerance_ns(delay_s, fixed_us=100)
+    assert abs(rtt - base_rtt - delay_s * 1e9) <= _tolerance_ns(delay_s, rtt_fixed_us)
     assert stats["dropped_loss"] == stats["dropped_queue_full"] == 0
 
 

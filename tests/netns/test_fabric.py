@@ -55,7 +55,24 @@ def exchange(sender, receiver, payload: bytes) -> bytes:
             with conn:
                 while chunk := conn.recv(65536):
                     chunks.append(chunk)
+            # Wait for the receiver's FIN before closing, so the teardown is orderly (no RST)
+            # and the last packet is the sender's ACK of it.
+            assert client.recv(1) == b""
     return b"".join(chunks)
+
+
+def settled_counters(fabric, timeout_s=2.0):
+    """The links' counters once no packet is in flight: two reads 20 ms apart agree (the last
+    ACK of a connection can still be between one node's counter and the other's)."""
+    deadline = time.monotonic() + timeout_s
+    previous = fabric.counters()
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        current = fabric.counters()
+        if current == previous:
+            return current
+        previous = current
+    return previous
 
 
 def test_build_use_and_teardown_leave_host_unchanged():
@@ -67,7 +84,7 @@ def test_build_use_and_teardown_leave_host_unchanged():
         assert len({a.address, b.address, c.address}) == 3
         payload = os.urandom(200_000)
         assert exchange(a, c, payload) == payload
-        counters = fabric.counters()
+        counters = settled_counters(fabric)
         # Wire bytes: every 1448-byte segment pays 66 bytes of headers (Ethernet, IP, TCP with
         # timestamps), GSO or not; plus a handshake and a FIN.
         on_wire = len(payload) * 1514 / 1448
