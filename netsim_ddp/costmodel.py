@@ -265,6 +265,7 @@ class HoldoutResult:
             "target": self.target,
             "within_target": self.within_target,
             "met": self.met,
+            "verdict": self.verdict,
         }
 
 

@@ -96,11 +96,9 @@ class CollectiveFidelity:
                      + ", ".join(f"{bps / 1e6:.0f}" for bps in self.attempts_bps) + " Mbit/s")
         if self.trusted:
             return text
-        fast = [f"{dtype} {bps / self.expected_bps:.0%}" for dtype, bps in by_dtype.items()
-                if bps / self.expected_bps >= self.min_fraction]
-        if fast:
-            text += (f" ({', '.join(fast)}: gloo sums 16-bit floats on the CPU, slower than "
-                     "float32)")
+        float32 = by_dtype.get("float32", 0.0) / self.expected_bps
+        if len(by_dtype) > 1 and float32 >= self.min_fraction:
+            text += f" (float32 {float32:.0%}: gloo sums 16-bit floats on the CPU, slower)"
         if self.host_load is not None:
             text += f"; {self.host_load.describe()}"
         return (text + ": this host cannot move the workload's traffic at the emulated rate, so "

@@ -95,7 +95,7 @@ def test_the_probe_times_every_wire_dtype_and_the_slowest_counts(canned, tmp_pat
     assert fidelity.fraction == pytest.approx(0.52)
     assert fidelity.best_by_dtype["float32"] / fidelity.expected_bps == pytest.approx(0.99)
     assert "the slowest, float16, reached" in fidelity.reason
-    assert "(float32 99%: gloo sums 16-bit floats on the CPU" in fidelity.reason
+    assert "(float32 99%: gloo sums 16-bit floats on the CPU, slower)" in fidelity.reason
     assert "float32 8 MiB, float16 4 MiB" in fidelity.reason
     assert fidelity.as_dict()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
 
