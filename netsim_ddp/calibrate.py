@@ -22,14 +22,20 @@ the isotonic step smoothed noise), and held out: the curve fitted without that s
 it (the honest number: how well the model predicts a size it did not see).
 
 The projection. At the calibrated world size the DDP all-reduce of a bucket takes the curve's
-time, nothing else. Beyond it the curve is split, per bucket size, into a bandwidth part
-2(n-1)/n x S / busbw (busbw: the measured plateau) and a latency part (the rest), carried
-over the inter-node hops as NCCL's own tuning model counts them (src/graph/tuning.cc): ring
-2(h-1) network steps, tree 2 log2(h), with tree's bandwidth 0.92 x busbw / 2 against ring's
-n/(2(n-1)) x busbw. Per bucket the faster one counts, as NCCL's tuner picks, and each row says
-which. The per-hop latency is the calibration's latency part over its own network steps; NVLink
-hops inside a server are taken as free next to network hops (NCCL's table: 0.6-4 us against
-2.7-14 us), so latency grows with hosts, not GPUs, and a server's GPUs share its NIC's busbw.
+time, nothing else. Beyond it, two algorithms, each anchored in the measured curve, and per
+bucket the faster one counts, as NCCL's tuner picks; each row says which:
+
+- ring: 2(n-1) steps of S/n bytes each; a step costs what one of the calibration's 2(n0-1)
+  steps cost at the same chunk size: t = (n-1)/(n0-1) x t_cal(S n0/n). Latency grows with the
+  GPUs, the bandwidth term tends to 2(n-1)/n x S / busbw: ring wins for big messages.
+- tree (NCCL's double binary tree over hosts, a chain inside each): the latency floor (the
+  smallest size's time) grows with the depth, log2(hosts); what the size costs above that floor
+  is the calibrated curve's, at the tree's bandwidth against the ring's (NCCL's tuning model,
+  src/graph/tuning.cc: tree busbw x 0.92, algbw = busbw / 2): tree wins for small messages.
+
+Hosts are GPUs / the calibration's GPUs per host: a server's GPUs share its NICs, and NVLink
+inside it is the calibration's own. A larger world never makes one all-reduce faster than
+calibrated. A calibration on one host measures no network and projects nothing beyond itself.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,9 +146,9 @@ class Calibration:
 
     @property
     def busbw_bytes_per_s(self) -> float:
-        """The bus bandwidth plateau: the largest busbw measured."""
-        factor = bus_factor(self.collective, self.world_size)
-        return float(np.max(self.curve.sizes / self.curve.measured_s) * factor)
+        """The bus bandwidth plateau: busbw at the slope of the largest sizes (not the largest
+        busbw printed: a shaper's burst lets a mid-size message beat the link)."""
+        return bus_factor(self.collective, self.world_size) * self.curve.tail_bytes_per_s
 
     def table(self) -> list[dict[str, float]]:
         modelled = self.curve.time_s(self.curve.sizes)
@@ -152,7 +159,7 @@ class Calibration:
                 for size, t, m, h in zip(self.curve.sizes, self.curve.measured_s, modelled, held,
                                          strict=True)]
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         rows = self.table()
         big = [row for row in rows if row["size"] >= ERROR_FROM_BYTES]
         alpha, bandwidth = alpha_beta_line(self.curve.sizes, self.curve.measured_s)
@@ -236,7 +243,7 @@ def load_allreduce(path: str | Path) -> Calibration:
 # -- projection --------------------------------------------------------------------------------
 
 def collective_time(calibration: Calibration, gpus: int, size: float) -> tuple[float, str]:
-    """(seconds, algorithm) of one all-reduce of `size` bytes on `gpus` GPUs."""
+    """(seconds, algorithm) of one all-reduce of `size` bytes on `gpus` GPUs (module doc)."""
     cal = calibration
     measured = cal.curve(size)
     if gpus == cal.world_size:
@@ -245,14 +252,19 @@ def collective_time(calibration: Calibration, gpus: int, size: float) -> tuple[f
         raise CalibrationError(
             f"{cal.sources[0]}: the calibration ran on one host: it measures NVLink/PCIe, not the "
             "network, so it cannot say what more hosts cost; calibrate on 2 or more hosts")
-    busbw = cal.busbw_bytes_per_s
-    latency = max(0.0, measured - bus_factor("all_reduce", cal.world_size) * size / busbw)
-    hop = latency / (2 * (cal.hosts - 1))  # per network step, NCCL's ring count
-    hosts = max(1, math.ceil(gpus / cal.gpus_per_host))
-    ring = 2 * (hosts - 1) * hop + bus_factor("all_reduce", gpus) * size / busbw
-    tree = 2 * math.log2(hosts) * hop + size / (TREE_BANDWIDTH * busbw) if hosts > 1 else ring
+    n0, n = cal.world_size, gpus
+    # Ring: 2(n-1) steps, each moving S/n; a step costs what one of the calibration's steps
+    # cost at the same chunk size, so latency grows with the steps and bandwidth holds.
+    ring = (n - 1) / (n0 - 1) * cal.curve(size * n0 / n)
+    # Tree: the latency floor grows with the tree's depth over hosts, log2(h); the rest of the
+    # calibrated time (what the size costs) at tree's bandwidth against the calibrated ring's.
+    hosts = max(1, math.ceil(n / cal.gpus_per_host))
+    floor = float(cal.curve.smoothed_s[0])
+    depth = math.log2(hosts) / math.log2(cal.hosts) if hosts > 1 else 0.0
+    penalty = (1 / bus_factor("all_reduce", n0)) / TREE_BANDWIDTH
+    tree = floor * depth + penalty * max(0.0, measured - floor)
     seconds, algorithm = (tree, "tree") if tree < ring else (ring, "ring")
-    if gpus > cal.world_size:
+    if n > n0:
         seconds = max(seconds, measured)  # more GPUs never make one all-reduce faster
     return seconds, algorithm
 
@@ -289,13 +301,11 @@ def calibrated_projection(calibration: Calibration, model: CostModel, *,
                       calibration=calibration.as_dict())
 
 
-def reproject(projection: Mapping[str, object], calibration: Calibration) -> dict[str, object]:
+def reproject(projection: Mapping[str, Any], calibration: Calibration) -> dict[str, object]:
     """A projection from a results JSON (Projection.as_dict()), projected again from
     `calibration`: the same modes, compute, bytes, buckets, overlap and GPU counts."""
-    model = CostModel(**projection["model"])  # type: ignore[arg-type]
-    rows = projection["rows"]
-    gpus = sorted({int(row["gpus"]) for row in rows})  # type: ignore[union-attr, index]
+    gpus = sorted({int(row["gpus"]) for row in projection["rows"]})
     return calibrated_projection(
-        calibration, model, compute_s=projection["compute_s"],  # type: ignore[arg-type]
-        bytes_per_rank=projection["bytes_per_rank"],  # type: ignore[arg-type]
-        buckets=projection["buckets"], gpus=gpus).as_dict()  # type: ignore[arg-type]
+        calibration, CostModel(**projection["model"]), compute_s=projection["compute_s"],
+        bytes_per_rank=projection["bytes_per_rank"], buckets=projection["buckets"],
+        gpus=gpus).as_dict()

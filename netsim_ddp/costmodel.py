@@ -353,11 +353,12 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
             bytes_per_rank: Mapping[str, float], buckets: Mapping[str, int],
             gpus: Sequence[int] = (16, 64, 256, 1024),
             link_bps: Sequence[float] = (10e9, 25e9, 100e9),
-            alpha_s: float | None = None, typical_alpha_s: float | None = None) -> Projection:
+            alpha_s: float | None = None, typical_alpha_s: float | None = None,
+            typical_beyond: int = 0) -> Projection:
     """Scaling efficiency of each mode at each GPU count and link rate, from the model;
     `alpha_s` replaces the fitted per-hop latency with the target cluster's; `typical_alpha_s`
-    adds, to each row, the step and efficiency with that per-hop latency instead (the
-    side-by-side a projection far past the measured sizes shows)."""
+    adds, to each row past `typical_beyond` GPUs, the step and efficiency with that per-hop
+    latency instead (the side-by-side a projection far past the measured sizes shows)."""
     fitted_alpha = model.alpha_s
     if alpha_s is not None:
         model = replace(model, alpha_s=float(alpha_s))
@@ -381,7 +382,7 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
                     "exposed_comm_s": model.exposed_comm_s(point),
                     "efficiency": compute[mode] / step, "algorithm": "flat ring",
                 }
-                if typical_alpha_s is not None:
+                if typical_alpha_s is not None and n > typical_beyond:
                     typical = replace(model, alpha_s=typical_alpha_s).step_s(point)
                     row |= {"step_s_typical_alpha": typical,
                             "efficiency_typical_alpha": compute[mode] / typical}
