@@ -342,9 +342,10 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
                     f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
                     f"to {line['max_abs_error']:.0%}")
-        if calibration.collective not in CALIBRATABLE:
-            human.print(f"[yellow]{calibration.collective}: fitted, but projections use "
-                        "all_reduce only[/]")
+        if calibration.collective != "all_reduce":
+            kind = "fitted" if calibration.collective in CALIBRATABLE else "fitted anyway"
+            human.print(f"[yellow]{calibration.collective}: {kind}; projections use all_reduce "
+                        "only (DDP's collective)[/]")
     _write_json(json_out, {"calibrations": documents})
 
 

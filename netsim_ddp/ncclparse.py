@@ -309,9 +309,9 @@ def _infer_collective(run: NcclTestRun) -> str | None:
     width = TYPE_BYTES.get(row.dtype)
     if width is None or row.count == 0:
         return None
-    ratio = row.size / (row.count * width)
-    if abs(ratio - 1) < 1e-9 and row.redop not in (None, "none") and row.root in (None, -1):
+    reduces = row.redop not in (None, "none")
+    if row.size == row.count * width and reduces and row.root in (None, -1):
         return "all_reduce"
-    if run.world_size > 1 and abs(ratio - run.world_size) < 1e-9 and row.redop is not None:
+    if run.world_size > 1 and row.size == run.world_size * row.count * width and row.redop:
         return "all_gather" if row.redop == "none" else "reduce_scatter"
     return None

@@ -136,3 +136,31 @@ def test_cli_bad_input_is_one_line_and_exit_2():
     assert result.stderr.count("\n") == 1 and "separate jobs" in result.stderr
     missing = CliRunner().invoke(main, ["calibrate", "/nonexistent/file.txt"])
     assert missing.exit_code == 2 and "cannot read" in missing.stderr
+
+
+def test_cli_names_the_collective_a_file_does_not(tmp_path):
+    # A pasted table whose counts say neither all-reduce nor a sharded collective.
+    text = A3MEGA.read_text().replace("> mpirun", "> launcher").replace(
+        "/opt/src/nccl-tests/build/all_reduce_perf", "./bench")
+    rows = [line for line in text.splitlines() if line.strip()[:1].isdigit()]
+    for line in rows:
+        size, count = line.split()[:2]
+        text = text.replace(line, line.replace(f" {count} ", f" {int(count) + 1} ", 1))
+    path = tmp_path / "unnamed.txt"
+    path.write_text(text)
+    refused = CliRunner().invoke(main, ["calibrate", str(path)])
+    assert refused.exit_code == 2 and "--collective" in refused.stderr
+    named = CliRunner().invoke(main, ["calibrate", str(path), "--collective", "all_reduce",
+                                      "--json", "-"])
+    assert named.exit_code == 0, named.output
+    assert json.loads(named.stdout)["calibrations"][0]["collective"] == "all_reduce"
+
+
+def test_runs_of_the_same_kind_merge(tmp_path):
+    from netsim_ddp.calibrate import load
+
+    twice = tmp_path / "twice.txt"
+    twice.write_text(A3MEGA.read_text() + A3MEGA.read_text().replace("    47743", "    49743"))
+    (calibration,) = load([twice])
+    assert len(calibration.sources) == 2 and calibration.world_size == 16
+    assert calibration.curve.measured_s[-1] == pytest.approx((47743 + 49743) / 2 * 1e-6)
