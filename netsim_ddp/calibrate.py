@@ -108,8 +108,11 @@ class Curve:
         return float(self.time_s(size)[0])
 
     def held_out_s(self) -> np.ndarray:
-        """Each size predicted by the curve fitted on all the other sizes."""
-        out = np.empty(len(self.sizes))
+        """Each size predicted by the curve fitted on all the other sizes (NaN with fewer
+        than 4 sizes: the others would be too few for a curve)."""
+        out = np.full(len(self.sizes), math.nan)
+        if len(self.sizes) < 4:
+            return out
         for i in range(len(self.sizes)):
             keep = np.arange(len(self.sizes)) != i
             out[i] = Curve(self.sizes[keep], self.measured_s[keep])(self.sizes[i])
@@ -150,12 +153,13 @@ class Calibration:
         busbw printed: a shaper's burst lets a mid-size message beat the link)."""
         return bus_factor(self.collective, self.world_size) * self.curve.tail_bytes_per_s
 
-    def table(self) -> list[dict[str, float]]:
+    def table(self) -> list[dict[str, Any]]:
         modelled = self.curve.time_s(self.curve.sizes)
         held = self.curve.held_out_s()
         return [{"size": int(size), "measured_s": float(t), "modelled_s": float(m),
-                 "error": float((m - t) / t), "held_out_s": float(h),
-                 "held_out_error": float((h - t) / t)}
+                 "error": float((m - t) / t),
+                 "held_out_s": None if math.isnan(h) else float(h),
+                 "held_out_error": None if math.isnan(h) else float((h - t) / t)}
                 for size, t, m, h in zip(self.curve.sizes, self.curve.measured_s, modelled, held,
                                          strict=True)]
 
@@ -174,8 +178,9 @@ class Calibration:
             "tail_algbw_bytes_per_s": self.curve.tail_bytes_per_s,
             "sizes": rows,
             "max_abs_error_from_1MiB": max((abs(r["error"]) for r in big), default=None),
-            "max_abs_held_out_error_from_1MiB": max((abs(r["held_out_error"]) for r in big),
-                                                    default=None),
+            "max_abs_held_out_error_from_1MiB": max(
+                (abs(r["held_out_error"]) for r in big if r["held_out_error"] is not None),
+                default=None),
             "alpha_beta_line": {"alpha_s": alpha, "algbw_bytes_per_s": bandwidth,
                                 "max_abs_error": float(line_errors.max())},
         }

@@ -329,7 +329,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         for row in document["sizes"]:
             table.add_row(format_size(row["size"]), f"{row['measured_s'] * 1e6:.1f}",
                           f"{row['modelled_s'] * 1e6:.1f}", f"{row['error']:+.1%}",
-                          f"{row['held_out_error']:+.1%}")
+                          "-" if row["held_out_error"] is None
+                          else f"{row['held_out_error']:+.1%}")
         table.caption = ("modelled: isotonic + PCHIP through log time vs log size; held-out: "
                          "the curve fitted without that size, predicting it")
         human.print(table)
@@ -337,8 +338,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         worst, held = (document["max_abs_error_from_1MiB"],
                        document["max_abs_held_out_error_from_1MiB"])
         if worst is not None:
-            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |error| {worst:.1%}, "
-                        f"held out {held:.1%}")
+            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |error| {worst:.1%}"
+                        + (f", held out {held:.1%}" if held is not None else ""))
         human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
                     f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
                     f"to {line['max_abs_error']:.0%}")

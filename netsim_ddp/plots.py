@@ -418,7 +418,8 @@ def _calibration_table(doc: _Doc, calibration: dict[str, Any]) -> None:
              "the curve fitted without that size (held out).")
     doc.table(["size B", "measured us", "modelled us", "error", "held-out error"],
               [[str(r["size"]), f"{r['measured_s'] * 1e6:.1f}", f"{r['modelled_s'] * 1e6:.1f}",
-                f"{r['error']:+.1%}", f"{r['held_out_error']:+.1%}"]
+                f"{r['error']:+.1%}",
+                "-" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}"]
                for r in calibration["sizes"]])
 
 

@@ -1,6 +1,7 @@
 """The calibrated curve: it follows real and shipped nccl-tests measurements from 1 MiB up,
 predicts sizes it did not see, extrapolates with its alpha-beta tail, and refuses too little."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +98,16 @@ def test_too_few_sizes_is_refused_in_one_line(tmp_path):
     path.write_text("\n".join(short[:-2] + rows + short[-2:]) + "\n")
     with pytest.raises(CalibrationError, match=r"two.txt:\d+: 2 sizes measured: a curve needs 3"):
         load([path])
+
+
+def test_three_sizes_fit_but_hold_nothing_out(tmp_path):
+    text = A3MEGA.read_text().splitlines()
+    keep = [line for line in text if not line.strip()[:1].isdigit()]
+    rows = [line for line in text if line.strip()[:1].isdigit()][-3:]
+    path = tmp_path / "three.txt"
+    path.write_text("\n".join(keep[:-2] + rows + keep[-2:]) + "\n")
+    (calibration,) = load([path])
+    document = calibration.as_dict()
+    assert [row["held_out_error"] for row in document["sizes"]] == [None] * 3
+    assert document["max_abs_held_out_error_from_1MiB"] is None
+    assert json.loads(json.dumps(document))["sizes"][0]["error"] == pytest.approx(0, abs=1e-9)
