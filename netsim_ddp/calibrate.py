@@ -260,7 +260,10 @@ def collective_time(calibration: Calibration, gpus: int, size: float) -> tuple[f
     n0, n = cal.world_size, gpus
     # Ring: 2(n-1) steps, each moving S/n; a step costs what one of the calibration's steps
     # cost at the same chunk size, so latency grows with the steps and bandwidth holds.
-    ring = (n - 1) / (n0 - 1) * cal.curve(size * n0 / n)
+    # Never above the bandwidth plateau, though: a shaper's burst or a protocol's sweet spot
+    # can make one small chunk fast, not every step of a ring.
+    ring = max((n - 1) / (n0 - 1) * cal.curve(size * n0 / n),
+               bus_factor("all_reduce", n) * size / cal.busbw_bytes_per_s)
     # Tree: the latency floor grows with the tree's depth over hosts, log2(h); the rest of the
     # calibrated time (what the size costs) at tree's bandwidth against the calibrated ring's.
     hosts = max(1, math.ceil(n / cal.gpus_per_host))
