@@ -27,7 +27,8 @@ bucket the faster one counts, as NCCL's tuner picks; each row says which:
 
 - ring: 2(n-1) steps of S/n bytes each; a step costs what one of the calibration's 2(n0-1)
   steps cost at the same chunk size: t = (n-1)/(n0-1) x t_cal(S n0/n). Latency grows with the
-  GPUs, the bandwidth term tends to 2(n-1)/n x S / busbw: ring wins for big messages.
+  GPUs, the bandwidth term tends to 2(n-1)/n x S / busbw, which it never beats: ring wins
+  for big messages.
 - tree (NCCL's double binary tree over hosts, a chain inside each): the latency floor (the
   smallest size's time) grows with the depth, log2(hosts); what the size costs above that floor
   is the calibrated curve's, at the tree's bandwidth against the ring's (NCCL's tuning model,
