@@ -26,13 +26,16 @@ from .build import DelayLineBuildError, build_binary
 from .kernel import prepare_delay_namespace, redirect_reverse_path
 
 __all__ = [
-    "DISTRIBUTIONS", "DelayLineBuildError", "DelayLineError", "DelayLineSpec", "build_binary",
-    "command", "parse_stats", "prepare_delay_namespace", "queue_bytes_for",
-    "redirect_reverse_path", "wait_ready",
+    "DISTRIBUTIONS", "MAX_DELAY_S", "MAX_QUEUE_BYTES", "DelayLineBuildError", "DelayLineError",
+    "DelayLineSpec", "build_binary", "command", "parse_stats", "prepare_delay_namespace",
+    "queue_bytes_for", "redirect_reverse_path", "wait_ready",
 ]
 
 DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
 MIN_QUEUE_BYTES = 4 << 20  # a few 64 KB GSO frames even on a slow, short link
+# The forwarder's own limits (forwarder.c: MAX_QUEUE_BYTES, MAX_DELAY_NS); it refuses beyond.
+MAX_QUEUE_BYTES = 1 << 30
+MAX_DELAY_S = 3600.0
 
 
 class DelayLineError(RuntimeError):
@@ -56,20 +59,28 @@ class DelayLineSpec:
     queue_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        if self.delay_s < 0 or self.jitter_s < 0:
-            raise ValueError(f"delay and jitter must be >= 0, got {self.delay_s}, {self.jitter_s}")
+        # `not a <= x <= b` also refuses NaN, which every comparison lets through.
+        for name, value in (("delay_s", self.delay_s), ("jitter_s", self.jitter_s)):
+            if not 0.0 <= value <= MAX_DELAY_S:
+                raise ValueError(f"{name} must be within [0, {MAX_DELAY_S:g}] s (the "
+                                 f"forwarder's range; >= 0), got {value}")
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, "
                              f"got {self.distribution!r}")
         if not 0.0 <= self.loss_pct <= 100.0:
             raise ValueError(f"loss_pct must be within [0, 100], got {self.loss_pct}")
-        if self.queue_bytes <= 0:
-            raise ValueError(f"queue_bytes must be > 0, got {self.queue_bytes}")
+        if not 0 < self.queue_bytes <= MAX_QUEUE_BYTES:
+            raise ValueError(f"queue_bytes must be within [1, {MAX_QUEUE_BYTES}], "
+                             f"got {self.queue_bytes}")
 
 
 def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
-    """A queue that holds rate x (delay + jitter) x 2, and never less than MIN_QUEUE_BYTES."""
-    return max(MIN_QUEUE_BYTES, int(rate_bps / 8 * (delay_s + jitter_s) * 2))
+    """A queue that holds rate x (delay + jitter) x 2, within [MIN_QUEUE_BYTES,
+    MAX_QUEUE_BYTES] (a link that needs more drops frames, which the health check reports)."""
+    wanted = rate_bps / 8 * (delay_s + jitter_s) * 2
+    if not wanted < MAX_QUEUE_BYTES:  # also inf and NaN
+        return MAX_QUEUE_BYTES
+    return max(MIN_QUEUE_BYTES, int(wanted))
 
 
 def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
