@@ -22,6 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from ..errors import FabricError
 from .build import DelayLineBuildError, build_binary
 from .kernel import prepare_delay_namespace, redirect_reverse_path
 
@@ -38,8 +39,8 @@ MAX_QUEUE_BYTES = 1 << 30
 MAX_DELAY_S = 3600.0
 
 
-class DelayLineError(RuntimeError):
-    """The forwarder failed to start or to report."""
+class DelayLineError(FabricError):
+    """The forwarder failed to start, died, or did not report (a run records it as an error)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
 
 def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
             spin_us: float = 200.0, rt_priority: int = 0,
-            rcvbuf_bytes: int = 1 << 20) -> list[str]:
+            rcvbuf_bytes: int = 1 << 20, late_bound_s: float | None = None) -> list[str]:
     """argv that runs the forwarder; start it inside the delay namespace.
 
     spin_us: the most the forwarder busy-polls before a due time (it learns how late its
@@ -94,7 +95,12 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
     worst lateness here from ms to ~100 us under contention.
     rcvbuf_bytes bounds the kernel queue in front of the delay, used only when the forwarder
     falls behind (overflow is counted as dropped_socket).
+    late_bound_s: frames released later than this after their due time are counted
+    (late_over_bound); by default the health check's bound for this delay.
     """
+    from .health import late_bound_s as default_late_bound_s
+
+    late = default_late_bound_s(spec.delay_s) if late_bound_s is None else late_bound_s
     return [
         str(build_binary()), "--in", in_ifname, "--out", out_ifname,
         "--delay-ns", str(round(spec.delay_s * 1e9)),
@@ -106,6 +112,7 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
         "--spin-ns", str(round(spin_us * 1e3)),
         "--rt-priority", str(rt_priority),
         "--rcvbuf", str(rcvbuf_bytes),
+        "--late-bound-ns", str(round(late * 1e9)),
     ]
 
 
@@ -126,8 +133,9 @@ def parse_stats(stdout: str) -> dict[str, object]:
 
     Keys: received, received_bytes, forwarded, forwarded_bytes, dropped_loss,
     dropped_queue_full, dropped_socket, dropped_truncated, tx_errors, segmented_frames,
-    segments_made, queued_at_exit, queued_bytes_max, late_p50_us, late_p99_us, late_max_us,
-    spin_us.
+    segments_made, not_segmented, queued_at_exit, packet_overhead_bytes, queued_bytes_max
+    (frame bytes plus per-packet memory), late_p50_us, late_p99_us, late_max_us, spin_us,
+    late_bound_us, late_over_bound, monotonic_ns.
     """
     stats = [line for line in _json_lines(stdout) if line.get("event") == "stats"]
     if not stats:
