@@ -20,11 +20,11 @@ from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 
 
-def scenario() -> Scenario:
+def scenario(**extra: Any) -> Scenario:
     return Scenario.from_dict({
         "name": "dl-health", "topology": {"nodes": 2},
         "link": {"rate": "500mbit", "delay_backend": "delay-line",
-                 "override": [{"node": "n0", "delay": "1ms"}]}})
+                 "override": [{"node": "n0", "delay": "1ms"}]}, **extra})
 
 
 def test_counters_are_read_while_it_runs_and_judged_per_window() -> None:
@@ -80,3 +80,63 @@ def test_a_forwarder_that_dies_mid_run_ends_the_launch_at_once(tmp_path) -> None
     assert "error" in fabric.delay_line_stats["n0"]  # and the final check says so
     (dead,) = judge_final(fabric.delay_line_stats)
     assert not dead.passed and "exit code 2" in dead.detail
+
+
+def _run_killing(tmp_path, monkeypatch, kill) -> tuple[Exception, float]:
+    """run_scenario with ranks that only sleep; `kill(fabric, traffic)` runs at the watchdog's
+    second call. Returns what run_scenario raised and how long it took."""
+    from netsim_ddp.fabric import background
+
+    traffics = []
+    real_enter = background.BackgroundTraffic.__enter__
+
+    def enter(self):
+        traffics.append(self)
+        return real_enter(self)
+
+    def sleeping_launch(nodes, spec, out_dir, timeout_s, *, watchdog=None, **kwargs):
+        fabric = nodes[0]._fabric
+        calls = []
+
+        def killing_watchdog() -> None:
+            calls.append(1)
+            if len(calls) == 2:
+                kill(fabric, traffics[0])
+            assert watchdog is not None, "the runner passed launch no watchdog"
+            watchdog()
+
+        return launch([SleepingRanks(node) for node in nodes], spec, out_dir, 60,
+                      watchdog=killing_watchdog, **kwargs)
+
+    monkeypatch.setattr(background.BackgroundTraffic, "__enter__", enter)
+    monkeypatch.setattr(runner, "launch", sleeping_launch)
+    sc = scenario(fidelity={"enabled": False},
+                  background=[{"source": "n0", "destination": "n1"}],
+                  workload={"params": "10k", "iterations": 2, "warmup": 1})
+    start = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        runner.run_scenario(sc, out_dir=tmp_path)
+    return caught.value, time.monotonic() - start
+
+
+def test_run_ends_at_once_when_its_forwarder_dies(tmp_path, monkeypatch) -> None:
+    def kill(fabric, traffic) -> None:
+        fabric.delay_lines["n0"].process.kill()
+
+    error, elapsed = _run_killing(tmp_path, monkeypatch, kill)
+    assert isinstance(error, DelayLineError) and elapsed < 20
+    assert "delay line of node n0" in str(error) and "killed by SIGKILL" in str(error)
+
+
+def test_run_ends_at_once_when_a_background_sender_dies(tmp_path, monkeypatch) -> None:
+    from netsim_ddp.fabric.background import BackgroundError
+
+    def kill(fabric, traffic) -> None:
+        role, process, _ = traffic._running[0]
+        assert role.startswith("sender")
+        process.kill()
+        process.wait()
+
+    error, elapsed = _run_killing(tmp_path, monkeypatch, kill)
+    assert isinstance(error, BackgroundError) and elapsed < 20
+    assert "sender in n0 (killed by signal 9" in str(error)
