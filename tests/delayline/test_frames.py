@@ -7,6 +7,7 @@ options out of range must be refused before anything runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -28,17 +29,27 @@ BASE_OPTIONS = ("--in", "x", "--out", "y")
 
 @pytest.fixture(scope="session")
 def driver(tmp_path_factory) -> Path:
+    """The driver, compiled once per version of its sources (cached like the forwarder)."""
     try:
         compiler = build._compiler()
     except build.DelayLineBuildError as exc:
         pytest.skip(str(exc))
-    target = tmp_path_factory.mktemp("frame-driver") / "frame_driver"
-    result = subprocess.run(
-        [compiler, *build.CFLAGS, *SANITIZE, "-I", str(build.SOURCE.parent), "-o", str(target),
-         str(DRIVER_SOURCE), *build.LIBS], capture_output=True, text=True, check=False)
+    argv = [compiler, *build.CFLAGS, *SANITIZE, "-I", str(build.SOURCE.parent)]
+    digest = hashlib.sha256(build.SOURCE.read_bytes() + DRIVER_SOURCE.read_bytes()
+                            + " ".join(argv).encode()).hexdigest()[:16]
+    cache = build._cache_dirs()[0]
+    target = cache / f"frame-driver-{digest}"
+    if target.exists() and build.unsafe_reason(target, is_dir=False) is None:
+        return target
+    if not cache.is_dir() or build.unsafe_reason(cache, is_dir=True):
+        target = tmp_path_factory.mktemp("frame-driver") / "frame_driver"
+    partial = target.with_name(target.name + f".{os.getpid()}")
+    result = subprocess.run([*argv, "-o", str(partial), str(DRIVER_SOURCE), *build.LIBS],
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0 and "sanitize" in result.stderr:
         pytest.skip(f"this compiler cannot build with sanitizers: {result.stderr[-300:]}")
     assert result.returncode == 0, result.stderr
+    partial.replace(target)  # whole or absent, for parallel sessions
     return target
 
 
