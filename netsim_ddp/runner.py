@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .fabric import Fabric
-from .fabric.background import BackgroundBytes, BackgroundTraffic
+from .fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
 from .fabric.delayline import health as delay_line_health
 from .fabric.fidelity import expected_goodput
 from .gate import Verdict, default_expectations, evaluate
@@ -275,6 +275,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps)
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
+    report.checks.extend(background_checks(scenario.background, background, results))
     report.checks.extend(wire_ratio_checks(report.modes))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
@@ -373,6 +374,39 @@ def measurement_checks(modes: dict[str, ModeReport], nodes: int) -> list[Verdict
                 "background: the link counters or the background accounting are broken")
         if problems:
             checks.append(Verdict(f"measured:{mode}", False, f"{mode}: " + "; ".join(problems)))
+    return checks
+
+
+BACKGROUND_MIN_ON_S = 0.05  # a flow scheduled on for less may fairly have sent nothing
+
+
+def background_checks(flows, background: BackgroundBytes,
+                      results: dict[str, ModeResult]) -> list[Verdict]:
+    """Did every flow send within each mode's measured window when its schedule was on? A
+    flow that sent nothing there left the mode uncontended, and 0 background bytes would read
+    as a measurement."""
+    if not flows:
+        return []
+    if len(background.senders) != len(flows):
+        return [Verdict("background", False, f"{len(flows)} flows but {len(background.senders)} "
+                                             "senders reported their counters")]
+    checks = []
+    for mode, result in results.items():
+        window = _measured_window(result)
+        if window is None:
+            continue
+        notes, silent = [], False
+        for index, (flow, series) in enumerate(zip(flows, background.senders, strict=True)):
+            on_s = scheduled_on_s(flow, window[1] - window[0])
+            sent = BackgroundBytes((series,)).between(*window)
+            name = f"flow {index} ({flow.source} -> {flow.destination})"
+            if on_s >= BACKGROUND_MIN_ON_S and not sent > 0:
+                silent = True
+                notes.append(f"{name} was scheduled on for {on_s:.2f} s but sent nothing")
+            else:
+                notes.append(f"{name} sent {sent / 1e6:.1f} MB in {on_s:.2f} s scheduled on")
+        checks.append(Verdict(f"background:{mode}", not silent,
+                              f"in {mode}'s measured window: " + "; ".join(notes)))
     return checks
 
 

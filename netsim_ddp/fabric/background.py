@@ -59,6 +59,14 @@ def on_periods(flow: BackgroundFlow) -> Iterator[tuple[float, float]]:
         now += on + length(flow.off)
 
 
+def scheduled_on_s(flow: BackgroundFlow, window_s: float) -> float:
+    """Seconds the flow's schedule is on within its first `window_s` seconds."""
+    total, periods = 0.0, on_periods(flow)
+    while (period := next(periods))[0] < window_s:
+        total += min(period[1], window_s) - period[0]
+    return total
+
+
 @dataclass(frozen=True)
 class BackgroundBytes:
     """Wire bytes the flows' ends had sent over time: one series of (monotonic s, bytes) per
@@ -69,6 +77,11 @@ class BackgroundBytes:
     @property
     def total(self) -> int:
         return sum(points[-1][1] for points in self.series if points)
+
+    @property
+    def senders(self) -> tuple[tuple[tuple[float, int], ...], ...]:
+        """Each flow's sender series, in flow order (each sender precedes its sink)."""
+        return self.series[0::2]
 
     def between(self, start_s: float, end_s: float) -> float:
         """Bytes sent within [start_s, end_s] (CLOCK_MONOTONIC), interpolated.

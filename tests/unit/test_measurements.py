@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp import runner
-from netsim_ddp.fabric.background import BackgroundBytes, BackgroundError, BackgroundTraffic
+from netsim_ddp.fabric.background import (
+    BackgroundBytes,
+    BackgroundError,
+    BackgroundTraffic,
+    scheduled_on_s,
+)
+from netsim_ddp.scenario import BackgroundFlow
 from netsim_ddp.workload import WorkloadError
 from netsim_ddp.workload.collective import AllreduceResult
 from netsim_ddp.workload.results import ModeResult, RankSamples
@@ -171,3 +177,49 @@ def test_ends_that_report_are_accounted(tmp_path) -> None:
         ("sink in n1", "import time; time.sleep(30)", "[[1.0, 0], [2.0, 10]]")])
     traffic.check()
     assert traffic.stop().total == 110
+
+
+# -- background flows within each mode's window ----------------------------------------------
+
+def _flows(*starts: float) -> list[BackgroundFlow]:
+    return [BackgroundFlow.model_validate(
+        {"source": "n0", "destination": "n1", "on": "200ms", "off": "300ms",
+         "start": f"{start}s", "distribution": "fixed"}) for start in starts]
+
+
+def test_scheduled_on_time_counts_the_overlap() -> None:
+    (flow,) = _flows(0.1)
+    assert scheduled_on_s(flow, 1.0) == pytest.approx(0.2 + 0.2)  # [0.1, 0.3], [0.6, 0.8]
+    assert scheduled_on_s(flow, 0.2) == pytest.approx(0.1)
+    assert scheduled_on_s(flow, 0.05) == 0
+
+
+def _modes(*windows: tuple[float, float]) -> dict[str, ModeResult]:
+    modes = ["fp32", "amp", "amp-fp16"]
+    return {modes[i]: result([rank(0, 0, marks(start, end, 10))]).model_copy(
+        update={"mode": modes[i]}) for i, (start, end) in enumerate(windows)}
+
+
+def test_a_flow_silent_in_a_window_it_was_scheduled_on_fails() -> None:
+    """Item 1's symptom from this side: a sender that never saw the window sent 0 bytes, and
+    the run passed reporting no background. Now that is a failed check with the numbers."""
+    sender = ((0.0, 0), (1.0, 0), (2.0, 5_000_000), (3.0, 5_000_000), (4.0, 5_000_000))
+    sink = ((0.0, 0), (4.0, 100))
+    background = BackgroundBytes((sender, sink))
+    checks = runner.background_checks(_flows(0.0), background, _modes((1.0, 2.0), (3.0, 4.0)))
+    fp32, amp = checks
+    assert fp32.passed and "flow 0 (n0 -> n1) sent 5.0 MB in 0.40 s scheduled on" in fp32.detail
+    assert not amp.passed and amp.name == "background:amp"
+    assert "flow 0 (n0 -> n1) was scheduled on for 0.40 s but sent nothing" in amp.detail
+
+
+def test_a_flow_not_yet_on_may_send_nothing() -> None:
+    background = BackgroundBytes((((0.0, 0), (9.0, 0)), ((0.0, 0), (9.0, 0))))
+    (check,) = runner.background_checks(_flows(5.0), background, _modes((1.0, 2.0)))
+    assert check.passed
+
+
+def test_flows_without_their_senders_counters_fail() -> None:
+    (check,) = runner.background_checks(_flows(0.0, 0.0), BackgroundBytes(((), ())),
+                                        _modes((1.0, 2.0)))
+    assert not check.passed and "2 flows but 1 senders" in check.detail
