@@ -8,14 +8,17 @@ measure the CPU.
 
 from __future__ import annotations
 
+import math
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
 from .fabric import Fabric
-from .fabric.background import BackgroundBytes, BackgroundTraffic
+from .fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
+from .fabric.delayline import health as delay_line_health
 from .fabric.fidelity import expected_goodput
 from .gate import Verdict, default_expectations, evaluate
 from .hostload import CpuLoad, CpuTimes
@@ -261,6 +264,9 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                          timeout_s, progress)
     finally:  # the delay line's counters are final once the fabric is gone
         report.delay_line_stats = fabric.delay_line_stats
+    report.checks.extend(delay_line_checks(fabric.delay_lines, fabric.delay_line_stats,
+                                           trained[0] if trained else {}, multi_node=
+                                           scenario.topology.nodes > 1))
     if trained is None:
         return report
     results, background = trained
@@ -268,6 +274,8 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         total, bg = _window_bytes(result, background)
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps)
+    report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
+    report.checks.extend(background_checks(scenario.background, background, results))
     report.checks.extend(wire_ratio_checks(report.modes))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
@@ -288,7 +296,7 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         if scenario.fidelity.enabled and len(fabric.nodes) > 1:
             progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
             report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
-                                                timeout_s, progress)
+                                                timeout_s, progress, watchdog(fabric))
             trusted = report.fidelity.trusted
             report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
             if not trusted and not allow_untrusted:
@@ -304,9 +312,102 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             results = launch(fabric.nodes, spec, out / "train",
                              timeout_s or _training_timeout(scenario, workload, link_bps),
                              ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
-                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)})
+                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
+                             watchdog=watchdog(fabric, traffic))
             report.host_load = CpuLoad.between(before, CpuTimes.read())
             return results, traffic.stop()
+
+
+def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
+    """What launch calls while the ranks run: a forwarder or background flow that died ends
+    the run at once with its reason (not a gloo timeout minutes later), and the forwarders
+    report their counters every SNAPSHOT_EVERY_S, for the per-mode checks."""
+    last_snapshot = [time.monotonic()]
+
+    def check() -> None:
+        fabric.check_delay_lines()
+        if traffic is not None:
+            traffic.check()
+        if time.monotonic() - last_snapshot[0] >= delay_line_health.SNAPSHOT_EVERY_S:
+            last_snapshot[0] = time.monotonic()
+            for monitor in fabric.delay_lines.values():
+                monitor.request_snapshot()
+
+    return check
+
+
+def delay_line_checks(monitors, final_stats: dict[str, dict[str, object]],
+                      results: dict[str, ModeResult], multi_node: bool) -> list[Verdict]:
+    """Each mode's measured window, then the forwarders' whole life (the probe included),
+    against the bounds in fabric/delayline/health.py; none without a delay line."""
+    if not final_stats and not monitors:
+        return []
+    checks = []
+    for mode, result in results.items():
+        window = _measured_window(result)
+        if window is None:
+            continue  # no link marks: measurement_checks reports that
+        found = delay_line_health.judge_window(monitors, *window, expect_traffic=multi_node)
+        checks.append(Verdict(f"delay-line:{mode}", all(h.passed for h in found),
+                              f"in {mode}'s measured window: " + "; ".join(
+                                  h.detail for h in found if not h.passed or
+                                  all(h.passed for h in found))))
+    final = delay_line_health.judge_final(final_stats)
+    checks.append(Verdict("delay-line", all(h.passed for h in final),
+                          "over the whole run: " + "; ".join(h.detail for h in final)))
+    return checks
+
+
+def measurement_checks(modes: dict[str, ModeReport], nodes: int) -> list[Verdict]:
+    """A counter that saw nothing is a broken measurement, never a zero: the comm hook must
+    have counted gradient bytes wherever there is more than one rank, and across nodes the
+    links must have carried more than the background traffic did."""
+    checks = []
+    for mode, report in modes.items():
+        problems = []
+        if report.result.world_size > 1 and report.result.sent_bytes_per_iteration <= 0:
+            problems.append("the comm hook counted no gradient bytes (did it run?)")
+        if nodes > 1 and not report.wire_bytes_per_iteration > 0:
+            problems.append(
+                f"the links carried {report.wire_bytes_per_iteration:.0f} training bytes per "
+                f"iteration after subtracting {report.background_bytes_per_iteration:.0f} of "
+                "background: the link counters or the background accounting are broken")
+        if problems:
+            checks.append(Verdict(f"measured:{mode}", False, f"{mode}: " + "; ".join(problems)))
+    return checks
+
+
+BACKGROUND_MIN_ON_S = 0.05  # a flow scheduled on for less may fairly have sent nothing
+
+
+def background_checks(flows, background: BackgroundBytes,
+                      results: dict[str, ModeResult]) -> list[Verdict]:
+    """Did every flow send within each mode's measured window when its schedule was on? A
+    flow that sent nothing there left the mode uncontended, and 0 background bytes would read
+    as a measurement."""
+    if not flows:
+        return []
+    if len(background.senders) != len(flows):
+        return [Verdict("background", False, f"{len(flows)} flows but {len(background.senders)} "
+                                             "senders reported their counters")]
+    checks = []
+    for mode, result in results.items():
+        window = _measured_window(result)
+        if window is None:
+            continue
+        notes, silent = [], False
+        for index, (flow, series) in enumerate(zip(flows, background.senders, strict=True)):
+            on_s = scheduled_on_s(flow, window[1] - window[0])
+            sent = BackgroundBytes((series,)).between(*window)
+            name = f"flow {index} ({flow.source} -> {flow.destination})"
+            if on_s >= BACKGROUND_MIN_ON_S and not sent > 0:
+                silent = True
+                notes.append(f"{name} was scheduled on for {on_s:.2f} s but sent nothing")
+            else:
+                notes.append(f"{name} sent {sent / 1e6:.1f} MB in {on_s:.2f} s scheduled on")
+        checks.append(Verdict(f"background:{mode}", not silent,
+                              f"in {mode}'s measured window: " + "; ".join(notes)))
+    return checks
 
 
 def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
@@ -325,19 +426,70 @@ def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
     return checks
 
 
-def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
-    """(all bytes the nodes sent, background's share) within the mode's measured window."""
+def _link_marks(result: ModeResult) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """(start, end) link counters of every node: local rank 0 of each reads its node's."""
+    nodes = result.world_size // max(result.local_world_size, 1)
+    leaders = [rank for rank in result.ranks if rank.local_rank == 0]
+    missing = [rank.rank for rank in leaders if not rank.link_marks]
+    if missing or len(leaders) != nodes:
+        raise WorkloadError(
+            f"mode {result.mode}: {len(leaders) - len(missing)} of {nodes} nodes reported their "
+            f"link counters (ranks {missing} did not): their bytes would count as zero")
+    marks = []
+    for rank in leaders:
+        assert rank.link_marks is not None
+        if len(rank.link_marks) != 2:
+            raise WorkloadError(f"mode {result.mode}: rank {rank.rank} reported "
+                                f"{len(rank.link_marks)} link marks, not start and end")
+        start, end = rank.link_marks
+        if end["sent_bytes"] < start["sent_bytes"] or end["monotonic_s"] < start["monotonic_s"]:
+            raise WorkloadError(f"mode {result.mode}: rank {rank.rank}'s link counters went "
+                                f"backwards ({start} -> {end})")
+        marks.append((start, end))
+    return marks
+
+
+def _measured_window(result: ModeResult) -> tuple[float, float] | None:
+    """(start, end) CLOCK_MONOTONIC of the mode's measured iterations, from the link marks."""
     marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
     if not marks:
-        raise WorkloadError(f"mode {result.mode}: no rank reported its link counters")
+        return None
+    return (min(m[0]["monotonic_s"] for m in marks), max(m[-1]["monotonic_s"] for m in marks))
+
+
+def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
+    """(all bytes the nodes sent, background's share) within the mode's measured window."""
+    marks = _link_marks(result)
     total = sum(end["sent_bytes"] - start["sent_bytes"] for start, end in marks)
     begin = min(start["monotonic_s"] for start, _ in marks)
     finish = max(end["monotonic_s"] for _, end in marks)
     return total, background.between(begin, finish)
 
 
+def _probe_results(out: Path, dtypes: list[str]) -> tuple[dict[str, float], list]:
+    """Each dtype's median bus bandwidth from one probe attempt, and the attempt's results
+    as read; a missing file, dtype or
+    timing is an error, never a bandwidth (a zero duration would read as infinitely fast)."""
+    try:
+        results = read_probe(out)
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"the all-reduce probe left no readable result in {out}: {exc}") \
+            from None
+    by_dtype: dict[str, float] = {}
+    for result in results:
+        if not result.seconds or not all(0 < s < math.inf for s in result.seconds):
+            raise WorkloadError(f"the all-reduce probe timed {result.dtype} as {result.seconds} "
+                                "s: no usable measurement")
+        by_dtype[result.dtype] = summarize(busbw_samples(result)).median
+    if missing := [dtype for dtype in dtypes if dtype not in by_dtype]:
+        raise WorkloadError(f"the all-reduce probe reported nothing for {', '.join(missing)} "
+                            f"(asked {', '.join(dtypes)})")
+    return by_dtype, results
+
+
 def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path,
-                      timeout_s: float | None, progress: Progress) -> CollectiveFidelity:
+                      timeout_s: float | None, progress: Progress,
+                      watchdog: Callable[[], None] | None = None) -> CollectiveFidelity:
     """Attempt after attempt until one reaches fidelity.min_fraction or none are left."""
     assert scenario.workload is not None  # only a training scenario is probed
     size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
@@ -355,9 +507,8 @@ def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path
         attempt_out = out / f"attempt{attempt}"
         launch(fabric.nodes, spec, attempt_out,
                timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
-               ranks_per_node=scenario.topology.ranks_per_node)
-        results = read_probe(attempt_out)
-        by_dtype: dict[str, float] = {r.dtype: summarize(busbw_samples(r)).median for r in results}
+               ranks_per_node=scenario.topology.ranks_per_node, watchdog=watchdog)
+        by_dtype, results = _probe_results(attempt_out, dtypes)
         fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
                                    if r.host_load), None)
         fidelity.dtype_bps.append(by_dtype)

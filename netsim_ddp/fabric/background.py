@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..scenario import ETHERNET_HEADER, BackgroundFlow
+from .errors import FabricError
 
 # What tc counts for each segment besides its payload: Ethernet 14, IPv4 20, TCP 20 with the
 # timestamp option 12 (Linux turns it on by default).
@@ -58,6 +59,14 @@ def on_periods(flow: BackgroundFlow) -> Iterator[tuple[float, float]]:
         now += on + length(flow.off)
 
 
+def scheduled_on_s(flow: BackgroundFlow, window_s: float) -> float:
+    """Seconds the flow's schedule is on within its first `window_s` seconds."""
+    total, periods = 0.0, on_periods(flow)
+    while (period := next(periods))[0] < window_s:
+        total += min(period[1], window_s) - period[0]
+    return total
+
+
 @dataclass(frozen=True)
 class BackgroundBytes:
     """Wire bytes the flows' ends had sent over time: one series of (monotonic s, bytes) per
@@ -68,6 +77,11 @@ class BackgroundBytes:
     @property
     def total(self) -> int:
         return sum(points[-1][1] for points in self.series if points)
+
+    @property
+    def senders(self) -> tuple[tuple[tuple[float, int], ...], ...]:
+        """Each flow's sender series, in flow order (each sender precedes its sink)."""
+        return self.series[0::2]
 
     def between(self, start_s: float, end_s: float) -> float:
         """Bytes sent within [start_s, end_s] (CLOCK_MONOTONIC), interpolated.
@@ -119,6 +133,10 @@ def _write_report(report: Path, points: list[tuple[float, int]]) -> None:
     partial.rename(report)  # whole or absent, never half-written
 
 
+class BackgroundError(FabricError):
+    """A flow's sender or sink died or reported nothing: its bytes cannot be accounted for."""
+
+
 class BackgroundTraffic:
     """Start every flow of a scenario inside a built fabric; stop them and count their bytes."""
 
@@ -152,33 +170,64 @@ class BackgroundTraffic:
         command = [sys.executable, "-m", __name__]
         index = len(self._running)
         sink_report = self._reports / f"{index}-sink.json"
-        sink = destination.popen([*command, "sink", destination.address, str(sink_report)],
-                                 stdout=subprocess.PIPE, text=True)
+        with open(sink_report.with_suffix(".err"), "wb") as stderr:  # kept: says why it died
+            sink = destination.popen([*command, "sink", destination.address, str(sink_report)],
+                                     stdout=subprocess.PIPE, stderr=stderr, text=True)
         self._running.append((f"sink in {destination.name}", sink, sink_report))
         port = _read_line(sink, "sink")
         signals = ["--signals", str(self.signals)] if self.signals else []
         sender_report = self._reports / f"{index}-sender.json"
-        sender = source.popen([*command, "send", destination.address, port,
-                               flow.model_dump_json(), str(sender_report), *signals],
-                              stdout=subprocess.PIPE, text=True)
+        with open(sender_report.with_suffix(".err"), "wb") as stderr:
+            sender = source.popen([*command, "send", destination.address, port,
+                                   flow.model_dump_json(), str(sender_report), *signals],
+                                  stdout=subprocess.PIPE, stderr=stderr, text=True)
         self._running.insert(-1, (f"sender in {source.name}", sender, sender_report))
         _read_line(sender, "sender")  # connected
 
+    def _why(self, role: str, process: subprocess.Popen, report: Path) -> str:
+        try:
+            stderr = report.with_suffix(".err").read_text(errors="replace").strip()[-2000:]
+        except OSError:
+            stderr = ""
+        code = process.returncode
+        status = f"killed by signal {-code}" if code is not None and code < 0 else \
+            f"exit code {code}"
+        return f"{role} ({status}; stderr: {stderr or '(empty)'})"
+
+    def check(self) -> None:
+        """Raise BackgroundError if an end exited while the run needs it (it would only be
+        noticed at stop, after the modes it should have contended with)."""
+        dead = [self._why(role, process, report) for role, process, report in self._running
+                if process.poll() is not None]
+        if dead:
+            raise BackgroundError("background traffic: " + "; ".join(dead) + " died while the "
+                                  "ranks trained, so they did not meet the scenario's contention")
+
     def stop(self) -> BackgroundBytes:
-        """Stop every flow; what all their ends put on the wire, over time."""
+        """Stop every flow; what all their ends put on the wire, over time. Raises
+        BackgroundError if an end died, exited non-zero or reported no counters."""
         running, self._running = self._running, []
+        died = [(role, process, report) for role, process, report in running
+                if process.poll() is not None]
         for _, process, _ in running:  # senders first: each precedes its sink
             _terminate(process)
         series, missing = [], []
-        for role, _, report in running:
+        for role, process, report in running:
             try:
-                series.append(tuple(tuple(point) for point in json.loads(report.read_text())))
+                points = tuple(tuple(point) for point in json.loads(report.read_text()))
             except (OSError, ValueError):
-                missing.append(role)
+                missing.append(self._why(role, process, report))
+                continue
+            if not points:  # a sink that never had a connection
+                missing.append(f"{role} (no samples: it never carried the flow)")
+            elif process.returncode not in (0, -signal.SIGTERM):
+                missing.append(self._why(role, process, report))
+            series.append(points)
+        problems = [self._why(*end) + " had died before the end" for end in died] + missing
         shutil.rmtree(self._reports, ignore_errors=True)
-        if missing:
-            raise RuntimeError(f"background traffic: {', '.join(missing)} did not report its "
-                               "counters, so its bytes cannot be told from the training's")
+        if problems:
+            raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
+                                  "be told from the training's")
         return BackgroundBytes(tuple(series))
 
 
@@ -187,8 +236,8 @@ def _read_line(process: subprocess.Popen, role: str) -> str:
     line = process.stdout.readline().strip()
     if not line:
         process.kill()
-        raise RuntimeError(f"background {role} exited before it was ready "
-                           f"(exit code {process.wait()})")
+        raise BackgroundError(f"background {role} exited before it was ready "
+                              f"(exit code {process.wait()})")
     return line
 
 

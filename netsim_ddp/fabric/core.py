@@ -26,6 +26,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 from ..scenario import Scenario
 from . import delayline, naming, netns, privilege
 from .capabilities import probe_capabilities
+from .delayline.health import ForwarderMonitor
 from .errors import FabricError
 from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
 
@@ -93,6 +94,7 @@ class Fabric:
         self._iproutes: dict[str, IPRoute] = {}
         self._processes: list[subprocess.Popen] = []
         self.delay_line_stats: dict[str, dict[str, object]] = {}  # filled when it closes
+        self.delay_lines: dict[str, ForwarderMonitor] = {}  # kept after close: their counters
 
     # -- lifetime ---------------------------------------------------------------------------
 
@@ -214,20 +216,25 @@ class Fabric:
             process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True)
         self._processes.append(process)
-        stack.callback(self._stop_delay_line, node.name, process)
+        stack.callback(self._stop_delay_line, node.name)
         delayline.wait_ready(process)
+        self.delay_lines[node.name] = ForwarderMonitor(node.name, process)
 
-    def _stop_delay_line(self, node: str, process: subprocess.Popen) -> None:
-        """SIGTERM the forwarder and keep its counters (late releases, drops) for reports."""
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+    def _stop_delay_line(self, node: str) -> None:
+        """SIGTERM the forwarder and keep its counters (late releases, drops) for reports, or
+        why there are none (it died: exit status and stderr)."""
+        monitor = self.delay_lines.get(node)
+        if monitor is None:
+            return  # it never became ready: that error is already on its way
         try:
-            out, err = process.communicate(timeout=_TERMINATE_GRACE_S)
-            self.delay_line_stats[node] = delayline.parse_stats(out)
-        except (subprocess.TimeoutExpired, delayline.DelayLineError, ValueError) as exc:
-            process.kill()
-            process.communicate()
+            self.delay_line_stats[node] = dict(monitor.stop(_TERMINATE_GRACE_S))
+        except delayline.DelayLineError as exc:
             self.delay_line_stats[node] = {"error": str(exc)}
+
+    def check_delay_lines(self) -> None:
+        """Raise DelayLineError, with its exit status and stderr, if a forwarder died."""
+        for monitor in self.delay_lines.values():
+            monitor.check_alive()
 
     @property
     def delay_backends(self) -> dict[str, str | None]:

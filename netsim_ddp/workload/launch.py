@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -117,11 +117,14 @@ def launch(
     master_port: int | None = None,
     profile: bool = False,
     env: Mapping[str, str] | None = None,
+    watchdog: Callable[[], None] | None = None,
 ) -> dict[str, ModeResult]:
     """Run `spec` on `nodes` (node 0 is the master) and return {mode: result}.
 
     Raises WorkloadError if a torchrun exits non-zero, the timeout passes, or a result is missing;
     by then every process it started is gone. Logs stay under out_dir/logs/.
+    `watchdog` is called about every 0.1 s while the ranks run: whatever it raises (a helper the
+    run depends on died) ends the launch at once, ranks killed, and propagates.
     """
     if not nodes:
         raise ValueError("launch needs at least one node")
@@ -160,7 +163,7 @@ def launch(
                     start_new_session=True,  # own process group, so we can stop it whole
                 )
             )
-        failed, timed_out = _wait_all(procs, timeout_s)
+        failed, timed_out = _wait_all(procs, timeout_s, watchdog)
     # Reports are written only now: every process is gone, so the logs are complete.
     if timed_out:
         raise WorkloadError(
@@ -175,7 +178,9 @@ def launch(
 
 
 def _wait_all(
-    procs: Sequence[subprocess.Popen[bytes]], timeout_s: float
+    procs: Sequence[subprocess.Popen[bytes]],
+    timeout_s: float,
+    watchdog: Callable[[], None] | None = None,
 ) -> tuple[list[int], list[int]]:
     """Wait until all exit 0, one fails, or the timeout passes.
 
@@ -190,6 +195,8 @@ def _wait_all(
             return failed, []
         if all(code == 0 for code in codes):
             return [], []
+        if watchdog is not None:
+            watchdog()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return [], [i for i, code in enumerate(codes) if code is None]

@@ -22,6 +22,7 @@ import statistics
 import pytest
 
 from netsim_ddp.fabric.delayline import (
+    MAX_QUEUE_BYTES,
     DelayLineSpec,
     command,
     parse_stats,
@@ -53,9 +54,21 @@ def test_spec_rejects_nonsense() -> None:
         DelayLineSpec(delay_s=-1)
 
 
+def test_spec_refuses_what_the_forwarder_cannot_hold() -> None:
+    for delay in (float("nan"), float("inf"), 1e999, 3601.0):
+        with pytest.raises(ValueError, match="delay_s must be within"):
+            DelayLineSpec(delay_s=delay)
+    with pytest.raises(ValueError, match="jitter_s must be within"):
+        DelayLineSpec(delay_s=0.001, jitter_s=float("nan"))
+    with pytest.raises(ValueError, match="queue_bytes"):
+        DelayLineSpec(delay_s=0.001, queue_bytes=MAX_QUEUE_BYTES + 1)
+
+
 def test_queue_holds_twice_rate_times_delay() -> None:
     assert queue_bytes_for(10e9, 0.004, 0.001) == int(10e9 / 8 * 0.005 * 2)
     assert queue_bytes_for(1e6, 0.001, 0) == 4 << 20  # the floor
+    assert queue_bytes_for(100e9, 3600, 0) == MAX_QUEUE_BYTES  # the ceiling
+    assert queue_bytes_for(float("inf"), 0.001, 0) == MAX_QUEUE_BYTES
 
 
 def test_command_and_stats_parsing(forwarder_binary) -> None:

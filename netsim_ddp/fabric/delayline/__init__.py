@@ -22,21 +22,25 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from ..errors import FabricError
 from .build import DelayLineBuildError, build_binary
 from .kernel import prepare_delay_namespace, redirect_reverse_path
 
 __all__ = [
-    "DISTRIBUTIONS", "DelayLineBuildError", "DelayLineError", "DelayLineSpec", "build_binary",
-    "command", "parse_stats", "prepare_delay_namespace", "queue_bytes_for",
-    "redirect_reverse_path", "wait_ready",
+    "DISTRIBUTIONS", "MAX_DELAY_S", "MAX_QUEUE_BYTES", "DelayLineBuildError", "DelayLineError",
+    "DelayLineSpec", "build_binary", "command", "parse_stats", "prepare_delay_namespace",
+    "queue_bytes_for", "redirect_reverse_path", "wait_ready",
 ]
 
 DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
 MIN_QUEUE_BYTES = 4 << 20  # a few 64 KB GSO frames even on a slow, short link
+# The forwarder's own limits (forwarder.c: MAX_QUEUE_BYTES, MAX_DELAY_NS); it refuses beyond.
+MAX_QUEUE_BYTES = 1 << 30
+MAX_DELAY_S = 3600.0
 
 
-class DelayLineError(RuntimeError):
-    """The forwarder failed to start or to report."""
+class DelayLineError(FabricError):
+    """The forwarder failed to start, died, or did not report (a run records it as an error)."""
 
 
 @dataclass(frozen=True)
@@ -56,25 +60,33 @@ class DelayLineSpec:
     queue_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        if self.delay_s < 0 or self.jitter_s < 0:
-            raise ValueError(f"delay and jitter must be >= 0, got {self.delay_s}, {self.jitter_s}")
+        # `not a <= x <= b` also refuses NaN, which every comparison lets through.
+        for name, value in (("delay_s", self.delay_s), ("jitter_s", self.jitter_s)):
+            if not 0.0 <= value <= MAX_DELAY_S:
+                raise ValueError(f"{name} must be within [0, {MAX_DELAY_S:g}] s (the "
+                                 f"forwarder's range; >= 0), got {value}")
         if self.distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, "
                              f"got {self.distribution!r}")
         if not 0.0 <= self.loss_pct <= 100.0:
             raise ValueError(f"loss_pct must be within [0, 100], got {self.loss_pct}")
-        if self.queue_bytes <= 0:
-            raise ValueError(f"queue_bytes must be > 0, got {self.queue_bytes}")
+        if not 0 < self.queue_bytes <= MAX_QUEUE_BYTES:
+            raise ValueError(f"queue_bytes must be within [1, {MAX_QUEUE_BYTES}], "
+                             f"got {self.queue_bytes}")
 
 
 def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
-    """A queue that holds rate x (delay + jitter) x 2, and never less than MIN_QUEUE_BYTES."""
-    return max(MIN_QUEUE_BYTES, int(rate_bps / 8 * (delay_s + jitter_s) * 2))
+    """A queue that holds rate x (delay + jitter) x 2, within [MIN_QUEUE_BYTES,
+    MAX_QUEUE_BYTES] (a link that needs more drops frames, which the health check reports)."""
+    wanted = rate_bps / 8 * (delay_s + jitter_s) * 2
+    if not wanted < MAX_QUEUE_BYTES:  # also inf and NaN
+        return MAX_QUEUE_BYTES
+    return max(MIN_QUEUE_BYTES, int(wanted))
 
 
 def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
             spin_us: float = 200.0, rt_priority: int = 0,
-            rcvbuf_bytes: int = 1 << 20) -> list[str]:
+            rcvbuf_bytes: int = 1 << 20, late_bound_s: float | None = None) -> list[str]:
     """argv that runs the forwarder; start it inside the delay namespace.
 
     spin_us: the most the forwarder busy-polls before a due time (it learns how late its
@@ -83,7 +95,12 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
     worst lateness here from ms to ~100 us under contention.
     rcvbuf_bytes bounds the kernel queue in front of the delay, used only when the forwarder
     falls behind (overflow is counted as dropped_socket).
+    late_bound_s: frames released later than this after their due time are counted
+    (late_over_bound); by default the health check's bound for this delay.
     """
+    from .health import late_bound_s as default_late_bound_s
+
+    late = default_late_bound_s(spec.delay_s) if late_bound_s is None else late_bound_s
     return [
         str(build_binary()), "--in", in_ifname, "--out", out_ifname,
         "--delay-ns", str(round(spec.delay_s * 1e9)),
@@ -95,6 +112,7 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
         "--spin-ns", str(round(spin_us * 1e3)),
         "--rt-priority", str(rt_priority),
         "--rcvbuf", str(rcvbuf_bytes),
+        "--late-bound-ns", str(round(late * 1e9)),
     ]
 
 
@@ -115,8 +133,9 @@ def parse_stats(stdout: str) -> dict[str, object]:
 
     Keys: received, received_bytes, forwarded, forwarded_bytes, dropped_loss,
     dropped_queue_full, dropped_socket, dropped_truncated, tx_errors, segmented_frames,
-    segments_made, queued_at_exit, queued_bytes_max, late_p50_us, late_p99_us, late_max_us,
-    spin_us.
+    segments_made, not_segmented, queued_at_exit, packet_overhead_bytes, queued_bytes_max
+    (frame bytes plus per-packet memory), late_p50_us, late_p99_us, late_max_us, spin_us,
+    late_bound_us, late_over_bound, monotonic_ns.
     """
     stats = [line for line in _json_lines(stdout) if line.get("event") == "stats"]
     if not stats:

@@ -17,7 +17,9 @@
  *    when the delay is constant, netem-like reordering when jitter makes due times cross.
  *
  * Exit: SIGTERM/SIGINT end the loop; one JSON line of counters goes to stdout. At start, one
- * JSON line {"event": "ready", ...} goes to stdout once both sockets are bound.
+ * JSON line {"event": "ready", ...} goes to stdout once both sockets are bound. SIGUSR1 prints
+ * the same counters line at once (cumulative, stamped with CLOCK_MONOTONIC), so the harness
+ * can judge the line's health while it runs, window by window.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -44,6 +46,13 @@
 #define SLOT_BYTES (65536 + 1024) /* a 64 KB GSO frame + headers + vnet header */
 #define VNET_LEN ((int)sizeof(struct virtio_net_hdr))
 #define HIST_BUCKETS 200000 /* lateness histogram: 1 us buckets up to 200 ms */
+/* Ranges the options must fall in. An hour of delay or jitter keeps every due time far from
+ * int64 overflow (a wrapped due time would release frames at once, undelayed); the queue's
+ * ceiling bounds the memory a forwarder can hold whatever it is asked. */
+#define MAX_DELAY_NS (3600ll * 1000000000ll)
+#define MAX_QUEUE_BYTES (1ull << 30)
+#define MAX_RCVBUF (1ll << 30)
+#define MIN_GSO_SIZE 48 /* net.ipv4.tcp_min_snd_mss: no Linux TCP sends smaller segments */
 
 /* ---- options ------------------------------------------------------------------------- */
 
@@ -52,6 +61,7 @@ enum dist { DIST_UNIFORM, DIST_NORMAL, DIST_PARETO, DIST_PARETONORMAL };
 struct options {
     const char *in_if, *out_if;
     int64_t delay_ns, jitter_ns, spin_ns, rcvbuf;
+    int64_t late_bound_ns; /* frames released later than this are counted (late_over_bound) */
     double loss; /* probability 0..1 */
     enum dist dist;
     uint64_t seed;
@@ -70,6 +80,42 @@ static void usage_error(const char *msg) {
     exit(64);
 }
 
+static void range_error(const char *option, const char *value, const char *want) {
+    fprintf(stderr, "nsd-delayline: --%s %s: %s\n", option, value, want);
+    exit(64);
+}
+
+/* A whole decimal integer in [lo, hi]; anything else (units, blanks, overflow) exits 64. */
+static long long parse_int(const char *option, const char *value, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(value, &end, 10);
+    if (errno || end == value || *end || v < lo || v > hi) {
+        char want[96];
+        snprintf(want, sizeof(want), "want a whole number in [%lld, %lld]", lo, hi);
+        range_error(option, value, want);
+    }
+    return v;
+}
+
+static unsigned long long parse_uint(const char *option, const char *value) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (errno || end == value || *end || value[strspn(value, " \t")] == '-')
+        range_error(option, value, "want a whole number >= 0");
+    return v;
+}
+
+static double parse_probability(const char *option, const char *value) {
+    char *end;
+    errno = 0;
+    double v = strtod(value, &end);
+    if (errno || end == value || *end || !isfinite(v) || v < 0 || v > 1)
+        range_error(option, value, "want a probability in [0, 1]");
+    return v;
+}
+
 static struct options opt;
 
 static void parse_options(int argc, char **argv, struct options *o) {
@@ -80,26 +126,31 @@ static void parse_options(int argc, char **argv, struct options *o) {
         {"seed", required_argument, 0, 's'},     {"queue-bytes", required_argument, 0, 'q'},
         {"spin-ns", required_argument, 0, 'S'},  {"rt-priority", required_argument, 0, 'r'},
         {"segment", required_argument, 0, 'g'},  {"rcvbuf", required_argument, 0, 'b'},
+        {"late-bound-ns", required_argument, 0, 'L'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->queue_bytes = 64ull << 20;
     o->spin_ns = 200000; /* cap on the learnt spin */
     o->segment = -1;
     o->rcvbuf = 1 << 20; /* the kernel doubles it */
+    o->late_bound_ns = 1000000;
     int c;
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'i': o->in_if = optarg; break;
         case 'o': o->out_if = optarg; break;
-        case 'd': o->delay_ns = strtoll(optarg, NULL, 10); break;
-        case 'j': o->jitter_ns = strtoll(optarg, NULL, 10); break;
-        case 'l': o->loss = strtod(optarg, NULL); break;
-        case 's': o->seed = strtoull(optarg, NULL, 10); break;
-        case 'q': o->queue_bytes = strtoull(optarg, NULL, 10); break;
-        case 'S': o->spin_ns = strtoll(optarg, NULL, 10); break;
-        case 'r': o->rt_priority = atoi(optarg); break;
-        case 'g': o->segment = atoi(optarg); break;
-        case 'b': o->rcvbuf = strtoll(optarg, NULL, 10); break;
+        case 'd': o->delay_ns = parse_int("delay-ns", optarg, 0, MAX_DELAY_NS); break;
+        case 'j': o->jitter_ns = parse_int("jitter-ns", optarg, 0, MAX_DELAY_NS); break;
+        case 'l': o->loss = parse_probability("loss", optarg); break;
+        case 's': o->seed = parse_uint("seed", optarg); break;
+        case 'q':
+            o->queue_bytes = (uint64_t)parse_int("queue-bytes", optarg, 1, MAX_QUEUE_BYTES);
+            break;
+        case 'S': o->spin_ns = parse_int("spin-ns", optarg, 0, 1000000000ll); break;
+        case 'r': o->rt_priority = (int)parse_int("rt-priority", optarg, 0, 99); break;
+        case 'g': o->segment = (int)parse_int("segment", optarg, -1, 1); break;
+        case 'b': o->rcvbuf = parse_int("rcvbuf", optarg, 4096, MAX_RCVBUF); break;
+        case 'L': o->late_bound_ns = parse_int("late-bound-ns", optarg, 0, MAX_DELAY_NS); break;
         case 'D':
             if (!strcmp(optarg, "uniform")) o->dist = DIST_UNIFORM;
             else if (!strcmp(optarg, "normal")) o->dist = DIST_NORMAL;
@@ -111,8 +162,6 @@ static void parse_options(int argc, char **argv, struct options *o) {
         }
     }
     if (!o->in_if || !o->out_if) usage_error("--in and --out are required");
-    if (o->delay_ns < 0 || o->jitter_ns < 0) usage_error("delay and jitter must be >= 0");
-    if (o->loss < 0 || o->loss > 1) usage_error("--loss is a probability in [0, 1]");
 }
 
 /* ---- randomness (xoshiro256**, seeded by splitmix64: reproducible per seed) ------------ */
@@ -225,7 +274,8 @@ static struct pkt *heap_pop(void) {
 static struct {
     uint64_t received, received_bytes, forwarded, forwarded_bytes;
     uint64_t dropped_loss, dropped_queue_full, dropped_socket, dropped_truncated, tx_errors;
-    uint64_t segmented_frames, segments_made, late_over_hist;
+    uint64_t segmented_frames, segments_made, not_segmented, late_over_hist;
+    uint64_t late_recorded, late_over_bound;
     int64_t late_max_ns;
     uint64_t queued_bytes, queued_bytes_max;
 } st;
@@ -234,15 +284,17 @@ static uint32_t *late_hist;
 static void record_late(int64_t late_ns) {
     if (late_ns < 0) late_ns = 0;
     if (late_ns > st.late_max_ns) st.late_max_ns = late_ns;
+    if (late_ns > opt.late_bound_ns) st.late_over_bound++;
+    st.late_recorded++;
     int64_t bucket = late_ns / 1000;
     if (bucket >= HIST_BUCKETS) st.late_over_hist++;
     else late_hist[bucket]++;
 }
 
-/* Upper edge (us) of the bucket holding quantile q, or -1 when nothing was sent. */
+/* Upper edge (us) of the bucket holding quantile q, or -1 when nothing was sent. The scan stops
+ * at that bucket (a few in a healthy line), so a report mid-run costs microseconds. */
 static double late_quantile_us(double q) {
-    uint64_t total = st.late_over_hist;
-    for (int i = 0; i < HIST_BUCKETS; i++) total += late_hist[i];
+    uint64_t total = st.late_recorded;
     if (!total) return -1;
     uint64_t want = (uint64_t)ceil(q * total), seen = 0;
     if (want == 0) want = 1;
@@ -277,8 +329,14 @@ static struct pkt *pkt_new(uint32_t len) {
 
 static uint64_t next_seq;
 
+/* What a queued packet holds besides its bytes: its header, malloc's, its heap slot. The queue
+ * bound counts these too, so a stream of tiny segments cannot hold more memory than it says. */
+#define PKT_OVERHEAD ((uint32_t)(sizeof(struct pkt) + 16 + sizeof(struct pkt *)))
+
+static inline uint64_t held_bytes(uint32_t len) { return (uint64_t)len + PKT_OVERHEAD; }
+
 static int admit(uint32_t len) {
-    if (st.queued_bytes + len > opt.queue_bytes) {
+    if (st.queued_bytes + held_bytes(len) > opt.queue_bytes) {
         st.dropped_queue_full++;
         return 0;
     }
@@ -288,7 +346,7 @@ static int admit(uint32_t len) {
 static void push(struct pkt *p, int64_t due) {
     p->due = due;
     p->seq = next_seq++;
-    st.queued_bytes += p->len;
+    st.queued_bytes += held_bytes(p->len);
     if (st.queued_bytes > st.queued_bytes_max) st.queued_bytes_max = st.queued_bytes;
     heap_push(p);
 }
@@ -297,18 +355,25 @@ static inline int lost(void) { return opt.loss > 0 && rng_unit() < opt.loss; }
 
 /* Cut a TCP GSO frame into its wire segments, rolling loss per segment. Each segment keeps
  * checksum offload (NEEDS_CSUM with the pseudo-header sum in place), as TSO would emit it.
- * Returns 0 when the frame is not plain TCP over IPv4/IPv6 (the caller then treats it whole). */
+ * Returns 0 when the frame is not plain TCP over IPv4/IPv6 or its lengths do not add up (the
+ * caller then treats it whole): every length read from the frame is checked against the
+ * frame before it is used, since the segments are built from them. */
 static int segment_tcp(const uint8_t *buf, uint32_t len, int64_t due) {
     const struct virtio_net_hdr *vh = (const void *)buf;
+    if (len < (uint32_t)VNET_LEN) return 0;
     const uint8_t *f = buf + VNET_LEN;
     uint32_t flen = len - VNET_LEN, l3 = ETH_HLEN, l4, mss = vh->gso_size;
     int gso = vh->gso_type & ~VIRTIO_NET_HDR_GSO_ECN, v4;
-    if (flen < l3 + 40 || mss == 0) return 0;
+    if (flen < l3 + 40 || mss < MIN_GSO_SIZE) return 0;
     uint16_t eth_type = (uint16_t)(f[12] << 8 | f[13]);
-    if (eth_type == ETH_P_IP && gso == VIRTIO_NET_HDR_GSO_TCPV4 && f[l3 + 9] == IPPROTO_TCP) {
+    if (eth_type == ETH_P_IP && gso == VIRTIO_NET_HDR_GSO_TCPV4 && (f[l3] >> 4) == 4 &&
+        f[l3 + 9] == IPPROTO_TCP) {
+        uint32_t ihl = (f[l3] & 0xf) * 4u;
+        if (ihl < 20) return 0; /* IHL below 5 words: not an IPv4 header */
         v4 = 1;
-        l4 = l3 + (f[l3] & 0xf) * 4u;
-    } else if (eth_type == ETH_P_IPV6 && gso == VIRTIO_NET_HDR_GSO_TCPV6 && f[l3 + 6] == IPPROTO_TCP) {
+        l4 = l3 + ihl;
+    } else if (eth_type == ETH_P_IPV6 && gso == VIRTIO_NET_HDR_GSO_TCPV6 && (f[l3] >> 4) == 6 &&
+               f[l3 + 6] == IPPROTO_TCP) {
         v4 = 0;
         l4 = l3 + 40;
     } else {
@@ -316,7 +381,8 @@ static int segment_tcp(const uint8_t *buf, uint32_t len, int64_t due) {
     }
     if (l4 + 20 > flen) return 0;
     uint32_t doff = (f[l4 + 12] >> 4) * 4u, hdrs = l4 + doff;
-    if (hdrs > flen) return 0;
+    if (doff < 20 || hdrs > flen) return 0; /* data offset below 5 words, or past the frame */
+    if (hdrs - l3 + mss > 65535) return 0;  /* a segment's IP length must fit 16 bits */
     uint32_t payload = flen - hdrs, nseg = (payload + mss - 1) / mss, seq0, tmp;
     memcpy(&tmp, f + l4 + 4, 4);
     seq0 = ntohl(tmp);
@@ -369,7 +435,10 @@ static void enqueue_frame(const uint8_t *buf, uint32_t len, int64_t due) {
     const struct virtio_net_hdr *vh = (const void *)buf;
     int gso = vh->gso_type != VIRTIO_NET_HDR_GSO_NONE;
     int cut = opt.segment == 1 || (opt.segment == -1 && opt.loss > 0);
-    if (gso && cut && segment_tcp(buf, len, due)) return;
+    if (gso && cut) {
+        if (segment_tcp(buf, len, due)) return;
+        st.not_segmented++;
+    }
     if (lost()) { st.dropped_loss++; return; }
     if (!admit(len)) return;
     struct pkt *p = pkt_new(len);
@@ -427,10 +496,18 @@ static void rx_setup(void) {
     }
 }
 
+/* delay + x * jitter in [0, 2 * MAX_DELAY_NS]: computed in double and clamped before the
+ * conversion, so no sample can overflow (normal samples are unbounded in principle). */
 static int64_t frame_delay(void) {
-    int64_t d = opt.delay_ns;
-    if (opt.jitter_ns > 0) d += llround(jitter_sample(opt.dist) * (double)opt.jitter_ns);
-    return d < 0 ? 0 : d;
+    double d = (double)opt.delay_ns;
+    if (opt.jitter_ns > 0) d += jitter_sample(opt.dist) * (double)opt.jitter_ns;
+    if (!(d > 0)) return 0;
+    return d > 2.0 * MAX_DELAY_NS ? 2 * MAX_DELAY_NS : llround(d);
+}
+
+/* arrival + delay, saturating: a due time must never wrap into the past. */
+static int64_t due_after(int64_t arrival, int64_t delay) {
+    return arrival > INT64_MAX - delay ? INT64_MAX : arrival + delay;
 }
 
 /* Arrival time of a frame on CLOCK_MONOTONIC, from its kernel receive stamp (CLOCK_REALTIME).
@@ -446,6 +523,17 @@ static int64_t arrival_ns(struct msghdr *m, int64_t mono_now, int64_t real_offse
         }
     }
     return mono_now;
+}
+
+/* One frame read from IN (vnet header + Ethernet frame) that arrived at `arrival` (ns). */
+static void handle_frame(const uint8_t *buf, uint32_t len, int truncated, int64_t arrival) {
+    st.received++;
+    st.received_bytes += len > (uint32_t)VNET_LEN ? len - VNET_LEN : 0;
+    if (truncated || len <= (uint32_t)VNET_LEN) {
+        st.dropped_truncated++;
+        return;
+    }
+    enqueue_frame(buf, len, due_after(arrival, frame_delay()));
 }
 
 static int receive_batch(int fd) {
@@ -465,13 +553,8 @@ static int receive_batch(int fd) {
         struct msghdr *m = &rx_msgs[i].msg_hdr;
         uint32_t len = rx_msgs[i].msg_len;
         if (rx_addr[i].sll_pkttype == PACKET_OUTGOING) continue;
-        st.received++;
-        st.received_bytes += len > (uint32_t)VNET_LEN ? len - VNET_LEN : 0;
-        if ((m->msg_flags & MSG_TRUNC) || len <= (uint32_t)VNET_LEN) {
-            st.dropped_truncated++;
-            continue;
-        }
-        enqueue_frame(rx_iov[i].iov_base, len, arrival_ns(m, mono, offset) + frame_delay());
+        handle_frame(rx_iov[i].iov_base, len, m->msg_flags & MSG_TRUNC,
+                     arrival_ns(m, mono, offset));
     }
     return n;
 }
@@ -500,7 +583,7 @@ static void release_due(int fd) {
             record_late(now - batch[i]->due);
             st.forwarded++;
             st.forwarded_bytes += batch[i]->len - VNET_LEN;
-            st.queued_bytes -= batch[i]->len;
+            st.queued_bytes -= held_bytes(batch[i]->len);
             free(batch[i]);
         }
     }
@@ -534,24 +617,29 @@ static uint64_t socket_drops(int fd) {
     return ps.tp_drops; /* since the last call: the caller accumulates */
 }
 
-static volatile sig_atomic_t stop;
+static volatile sig_atomic_t stop, report;
 static void on_signal(int sig) { (void)sig; stop = 1; }
+static void on_report(int sig) { (void)sig; report = 1; }
 
 static void print_stats(void) {
     printf("{\"event\": \"stats\", \"received\": %llu, \"received_bytes\": %llu, "
            "\"forwarded\": %llu, \"forwarded_bytes\": %llu, \"dropped_loss\": %llu, "
            "\"dropped_queue_full\": %llu, \"dropped_socket\": %llu, \"dropped_truncated\": %llu, \"tx_errors\": %llu, "
-           "\"segmented_frames\": %llu, \"segments_made\": %llu, \"queued_at_exit\": %zu, "
+           "\"segmented_frames\": %llu, \"segments_made\": %llu, \"not_segmented\": %llu, "
+           "\"queued_at_exit\": %zu, \"packet_overhead_bytes\": %u, "
            "\"queued_bytes_max\": %llu, \"late_p50_us\": %.0f, \"late_p99_us\": %.0f, "
-           "\"late_max_us\": %.1f, \"spin_us\": %.1f}\n",
+           "\"late_max_us\": %.1f, \"spin_us\": %.1f, \"late_bound_us\": %.1f, "
+           "\"late_over_bound\": %llu, \"monotonic_ns\": %lld}\n",
            (unsigned long long)st.received, (unsigned long long)st.received_bytes,
            (unsigned long long)st.forwarded, (unsigned long long)st.forwarded_bytes,
            (unsigned long long)st.dropped_loss, (unsigned long long)st.dropped_queue_full,
            (unsigned long long)st.dropped_socket,
            (unsigned long long)st.dropped_truncated, (unsigned long long)st.tx_errors,
            (unsigned long long)st.segmented_frames, (unsigned long long)st.segments_made,
-           heap_n, (unsigned long long)st.queued_bytes_max, late_quantile_us(0.5),
-           late_quantile_us(0.99), st.late_max_ns / 1000.0, spin_ns() / 1000.0);
+           (unsigned long long)st.not_segmented, heap_n, PKT_OVERHEAD, (unsigned long long)st.queued_bytes_max, late_quantile_us(0.5),
+           late_quantile_us(0.99), st.late_max_ns / 1000.0, spin_ns() / 1000.0,
+           opt.late_bound_ns / 1000.0, (unsigned long long)st.late_over_bound,
+           (long long)clock_ns(CLOCK_MONOTONIC));
     fflush(stdout);
 }
 
@@ -559,6 +647,7 @@ static struct timespec ns_to_ts(int64_t ns) {
     return (struct timespec){.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
 }
 
+#ifndef NSD_DELAYLINE_NO_MAIN /* the frame tests link this file into their own driver */
 int main(int argc, char **argv) {
     parse_options(argc, argv, &opt);
     rng_seed(opt.seed);
@@ -574,15 +663,18 @@ int main(int argc, char **argv) {
     }
     int rx = open_packet_socket(opt.in_if, 1), tx = open_packet_socket(opt.out_if, 0);
 
-    /* SIGTERM/SIGINT stay blocked except inside ppoll, so no syscall is cut short elsewhere. */
+    /* SIGTERM/SIGINT/SIGUSR1 stay blocked except inside ppoll, so no syscall is cut short
+     * elsewhere. "ready" is printed after the handlers exist: a SIGUSR1 then never kills. */
     sigset_t block, open_mask;
     sigemptyset(&block);
     sigaddset(&block, SIGTERM);
     sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGUSR1);
     sigprocmask(SIG_BLOCK, &block, &open_mask);
-    struct sigaction sa = {.sa_handler = on_signal};
+    struct sigaction sa = {.sa_handler = on_signal}, sa_report = {.sa_handler = on_report};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa_report, NULL);
 
     printf("{\"event\": \"ready\", \"pid\": %d, \"in\": \"%s\", \"out\": \"%s\"}\n", getpid(),
            opt.in_if, opt.out_if);
@@ -611,8 +703,14 @@ int main(int argc, char **argv) {
         if (r < 0 && errno != EINTR) die("ppoll");
         if (r == 0 && wake_at) learn_wakeup(clock_ns(CLOCK_MONOTONIC) - wake_at);
         if (r > 0) receive_batch(rx);
+        if (report) {
+            report = 0;
+            st.dropped_socket += socket_drops(rx);
+            print_stats();
+        }
     }
     st.dropped_socket += socket_drops(rx);
     print_stats();
     return 0;
 }
+#endif

@@ -1,0 +1,54 @@
+/* Test driver for the forwarder's option parsing and frame handling, without sockets.
+ *
+ * Compiled by tests/delayline/test_frames.py with -fsanitize=address,undefined: it links
+ * forwarder.c itself (minus its main) and feeds the frames it reads to the same handle_frame
+ * the forwarder calls after recvmmsg, so a malformed frame that would overflow a buffer in the
+ * forwarder aborts here.
+ *
+ *   frame_driver [forwarder options...] < frames
+ *
+ * stdin: frames, each a 4-byte little-endian length, then that many bytes (virtio_net_hdr +
+ * Ethernet frame); every frame "arrives" at $NSD_ARRIVAL_NS (default 1 s). Each frame gets a
+ * buffer of exactly its length, so a read past its end is caught.
+ * stdout: one line per queued packet in release order, "DUE LEN HEX" (HEX: vnet header and
+ * frame), then the forwarder's JSON stats line.
+ */
+#define NSD_DELAYLINE_NO_MAIN
+#include "forwarder.c"
+
+int main(int argc, char **argv) {
+    parse_options(argc, argv, &opt);
+    rng_seed(opt.seed);
+    late_hist = calloc(HIST_BUCKETS, sizeof(*late_hist));
+    if (!late_hist) die("calloc");
+    const char *env = getenv("NSD_ARRIVAL_NS");
+    int64_t arrival = env ? strtoll(env, NULL, 10) : 1000000000ll;
+    uint8_t head[4];
+    while (fread(head, 1, 4, stdin) == 4) {
+        uint32_t len = (uint32_t)head[0] | (uint32_t)head[1] << 8 | (uint32_t)head[2] << 16 |
+                       (uint32_t)head[3] << 24;
+        if (len > SLOT_BYTES) {
+            fprintf(stderr, "frame_driver: a frame of %u bytes exceeds a receive slot\n", len);
+            return 3;
+        }
+        uint8_t *frame = malloc(len ? len : 1);
+        if (!frame || fread(frame, 1, len, stdin) != len) {
+            fprintf(stderr, "frame_driver: short frame on stdin\n");
+            return 3;
+        }
+        handle_frame(frame, len, 0, arrival);
+        free(frame);
+    }
+    while (heap_n) {
+        struct pkt *p = heap_pop();
+        printf("%lld %u ", (long long)p->due, p->len);
+        for (uint32_t i = 0; i < p->len; i++) printf("%02x", p->data[i]);
+        printf("\n");
+        st.queued_bytes -= held_bytes(p->len);
+        free(p);
+    }
+    print_stats();
+    free(late_hist);
+    free(heap);
+    return 0;
+}
