@@ -285,11 +285,23 @@ def _mode_rows(entry: dict[str, Any]) -> list[list[str]]:
                      f"{s['iteration_s']['p95'] * 1e3:.1f}", f"{s['comm_s']['median'] * 1e3:.1f}",
                      f"{s['comm_s']['std'] * 1e3:.1f}", f"{s['compute_s']['median'] * 1e3:.1f}",
                      f"{m['scaling_efficiency']:.2f}",
-                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}"])
+                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}",
+                     *_collective_cells(m)])
     return rows
 
 
-MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB"]
+def _collective_cells(m: dict[str, Any]) -> list[str]:
+    from .report import straggler_cell
+
+    collective = m["summary"].get("collective_s")
+    if collective is None:
+        return ["-", "-", "-"]
+    return [f"{collective['median'] * 1e3:.1f}", f"{collective['std'] * 1e3:.1f}",
+            straggler_cell(m.get("straggler_summary"))]
+
+
+MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB",
+               "collective ms", "coll sd", "straggler"]
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
@@ -324,6 +336,7 @@ def report(results_json_path: str | Path, out_dir: str | Path,
         name = f"jitter-{_slug(entry['name'])}.png"
         plot_jitter(entry, out / name)
         doc.image(name, f"{entry['name']}: iteration and comm time distributions")
+        _timeline_and_checks(doc, entry, out)
     if scenarios:
         plot_wire_bytes([(s["name"], s) for s in scenarios], out / "wire-bytes.png")
         doc.heading("Wire bytes per mode")
@@ -333,6 +346,18 @@ def report(results_json_path: str | Path, out_dir: str | Path,
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html("netsim-ddp report"))
     return out / "report.md"
+
+
+def _timeline_and_checks(doc: _Doc, entry: dict[str, Any], out: Path) -> None:
+    from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
+
+    if has_timeline(entry):
+        name = f"timeline-{_slug(entry['name'])}.png"
+        plot_timeline(entry, out / name)
+        doc.image(name, f"{entry['name']}: per-iteration compute and collective time")
+    if entry.get("checks"):
+        doc.heading(f"Checks of {entry['name']} (failures first)", 3)
+        doc.table(CHECK_HEADER, check_rows(entry))
 
 
 def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:

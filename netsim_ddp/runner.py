@@ -202,6 +202,9 @@ class ModeReport:
             "background_bytes_per_iteration": self.background_bytes_per_iteration,
             "hook_bytes_per_iteration": r.sent_bytes_per_iteration,
             "collective_s": r.collective_s, "bucket_s": r.bucket_s,
+            # When each iteration started, from the first one's start (the window's edge).
+            "iteration_start_s": ([t - r.started_monotonic[0] for t in r.started_monotonic]
+                                  if r.started_monotonic else None),
             "summary": {"iteration_s": self.iteration.as_dict(), "comm_s": self.comm.as_dict(),
                         "compute_s": self.compute.as_dict(),
                         **({"collective_s": self.collective.as_dict()} if self.collective
