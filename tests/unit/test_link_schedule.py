@@ -110,3 +110,72 @@ def test_rate_near_a_change_and_counter_restarts():
     assert max_rate_near(samples[:3], 0.01) == 0.0  # too few samples to say
     assert counters_continuous(samples)
     assert not counters_continuous(samples + [(1.1, 5)])
+
+
+class RecordingScheduler:
+    """LinkScheduler's thread with netlink replaced by a log of what it would change."""
+
+    @staticmethod
+    def make(s, signals):
+        import contextlib
+
+        from netsim_ddp.fabric.schedule import LinkScheduler
+
+        class Recording(LinkScheduler):
+            applied: list = []
+
+            @contextlib.contextmanager
+            def _sockets(self):
+                yield {}
+
+            def _apply(self, sockets, index, link):
+                self.applied.append((index, link.rate))
+
+            def _sample(self, sockets, window):
+                window.counters.setdefault("n1 sends", []).append((0.0, 0))
+
+        p = plan(s)
+        return Recording(p.nodes, p.switch_netns, plan_schedule(s), signals)
+
+
+def wait_for(condition, timeout_s=5.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_each_window_replays_the_schedule_and_restores_the_links(tmp_path):
+    s = scenario([{"at": "20ms", "node": "n1", "rate": "250mbit"},
+                  {"at": "40ms", "node": "n2", "down": "20ms"}])
+    scheduler = RecordingScheduler.make(s, tmp_path)
+    with scheduler:
+        for mode in ("fp32", "amp"):
+            (tmp_path / f"start-{mode}").touch()
+            wait_for(lambda: len(scheduler.windows) == (1 if mode == "fp32" else 2)
+                     and len(scheduler.windows[-1].changes) == 3)
+            (tmp_path / f"end-{mode}").touch()
+            wait_for(lambda: scheduler.windows[-1].end_monotonic is not None)
+    one_window = [(1, 250e6), (2, FLAP_RATE_BPS), (2, 1e9), (1, 1e9), (2, 1e9)]  # + restore
+    assert scheduler.applied == one_window * 2
+    assert [w.mode for w in scheduler.windows] == ["fp32", "amp"]
+    for window in scheduler.windows:
+        assert [c.at_s for c in window.changes] == pytest.approx([0.02, 0.04, 0.06])
+        assert all(c.offset_s >= c.at_s for c in window.changes)
+
+
+def test_a_failing_change_is_raised_by_stop(tmp_path):
+    s = scenario([{"at": "0s", "node": "n1", "rate": "250mbit"}])
+    scheduler = RecordingScheduler.make(s, tmp_path)
+
+    def broken(*_args):
+        raise OSError("netlink said no")
+
+    scheduler._apply = broken
+    scheduler.__enter__()
+    (tmp_path / "start-fp32").touch()
+    wait_for(lambda: not scheduler._thread.is_alive())
+    with pytest.raises(FabricError, match="netlink said no"):
+        scheduler.stop()
