@@ -152,9 +152,9 @@ def test_each_window_replays_the_schedule_and_restores_the_links(tmp_path):
                   {"at": "40ms", "node": "n2", "down": "20ms"}])
     scheduler = RecordingScheduler.make(s, tmp_path)
     with scheduler:
-        for mode in ("fp32", "amp"):
+        for count, mode in enumerate(("fp32", "amp"), start=1):
             (tmp_path / f"start-{mode}").touch()
-            wait_for(lambda: len(scheduler.windows) == (1 if mode == "fp32" else 2)
+            wait_for(lambda n=count: len(scheduler.windows) == n
                      and len(scheduler.windows[-1].changes) == 3)
             (tmp_path / f"end-{mode}").touch()
             wait_for(lambda: scheduler.windows[-1].end_monotonic is not None)
