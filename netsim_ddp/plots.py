@@ -39,6 +39,13 @@ def _color(mode: str, index: int) -> str:
     return MODE_COLORS.get(mode, f"C{index + 4}")
 
 
+def _fit(title: str, width: int) -> str:
+    """Wrapped so the title fits over its axes (a long one ran past the figure's edge)."""
+    from .timeline import fit_title
+
+    return fit_title(title, width)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
 
@@ -59,7 +66,7 @@ def plot_jitter(entry: dict[str, Any], path: Path, title: str | None = None) -> 
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title or f"{entry['name']}: per-iteration distributions (jitter)")
+    fig.suptitle(_fit(title or f"{entry['name']}: per-iteration distributions (jitter)", 80))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -86,7 +93,7 @@ def plot_wire_bytes(groups: list[tuple[str, dict[str, Any]]], path: Path,
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("MB per iteration")
-    ax.set_title(title)
+    ax.set_title(_fit(title, 55), fontsize=10)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -213,9 +220,9 @@ def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
-                 if calibrated else "PROJECTION (cost model fitted here, not measured)",
-                 color="#b00000")
+    ax.set_title(_fit("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
+                      if calibrated else "PROJECTION (cost model fitted here, not measured)",
+                      55), color="#b00000", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
