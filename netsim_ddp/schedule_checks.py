@@ -103,10 +103,15 @@ def _slowdown_checks(name: str, mode: ModeReport, window: ModeWindow,
                                        _bottleneck(links[0]))
     checks = []
     for state, values in sorted(by_state.items()):
-        if state == 0 or len(values) < MIN_ITERATIONS:
-            continue
-        if any(link.rate <= FLAP_RATE_BPS for link in links[state]):
+        if state == 0 or any(link.rate <= FLAP_RATE_BPS for link in links[state]):
             continue  # a flap: nothing moves, there is no rate to predict from
+        if len(values) < MIN_ITERATIONS:
+            checks.append(Verdict(
+                f"schedule:slowdown:{name}:{state}", False,
+                f"{name}: only {len(values)} iterations ran wholly under "
+                f"'{state_label(state, window.changes)}' (needs >= {MIN_ITERATIONS}); measure "
+                "more iterations or change the link earlier"))
+            continue
         predicted = before + ring_allreduce_lower_bound(
             r.sent_bytes_per_iteration, r.world_size, _bottleneck(links[state])) - bound
         measured = statistics.median(values)
