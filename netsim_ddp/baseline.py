@@ -74,7 +74,7 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                 "extra_info": {"netsim_ddp": {
                     "scenario": report.scenario.name, "digest": scenario_digest(report),
                     "mode": mode, "iteration_s": r.iteration_s, "comm_s": r.comm_s,
-                    "compute_s": r.compute_s,
+                    "compute_s": r.compute_s, "collective_s": r.collective_s,
                     "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
             })
     document = {
@@ -126,7 +126,8 @@ class Baseline:
             data = bench["extra_info"]["netsim_ddp"]
             self.entries[(data["scenario"], data["mode"])] = BaselineEntry(
                 data["digest"],
-                {key: data[key] for key in ("iteration_s", "comm_s", "compute_s")},
+                {key: data[key] for key in ("iteration_s", "comm_s", "compute_s",
+                                            "collective_s") if data.get(key) is not None},
                 data["wire_bytes_per_iteration"])
 
     def scenarios(self) -> set[str]:
@@ -163,7 +164,11 @@ def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float]
     if series == "scaling_efficiency":
         return [c / i for c, i in zip(entry.samples["compute_s"], entry.samples["iteration_s"],
                                       strict=True)]
-    return entry.samples.get(series)
+    samples = entry.samples.get(series)
+    if samples is None and series == "collective_s":
+        raise BaselineError(f"{entry.digest}: this baseline has no collective_s (saved by an "
+                            "older netsim-ddp); save a new baseline to gate on it")
+    return samples
 
 
 def _baseline_value(tolerance: Tolerance, entry: BaselineEntry) -> float:

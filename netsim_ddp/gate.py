@@ -22,7 +22,7 @@ from .metrics import SPREAD_STATISTICS, STATISTICS, deviations, shift_test, stat
 if TYPE_CHECKING:
     from .runner import ModeReport
 
-SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency")
+SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency", "collective_s")
 SCALARS = ("wire_bytes_per_iteration",)
 HIGHER_IS_BETTER = ("scaling_efficiency",)
 DEFAULT_ALPHA = 0.05
@@ -61,6 +61,11 @@ class Metric:
 
     def samples(self, mode: ModeReport) -> list[float] | None:
         r = mode.result
+        if self.series == "collective_s":
+            if r.collective_s is None:
+                raise ValueError(f"mode {r.mode}: its result has no collective timing "
+                                 "(collective_s); rerun it with this netsim-ddp")
+            return r.collective_s
         return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
                 "scaling_efficiency": [c / i for c, i in
                                        zip(r.compute_s, r.iteration_s, strict=True)]
@@ -105,7 +110,7 @@ class Expectation(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metric: str = Field(description="SERIES.STATISTIC (e.g. comm_s.median, comm_s.std, "
+    metric: str = Field(description="SERIES.STATISTIC (e.g. comm_s.median, collective_s.std, "
                         "iteration_s.p95, scaling_efficiency.median) or wire_bytes_per_iteration.")
     mode: str = Field(description="The mode the claim is about.")
     vs: str | None = Field(None, description="The mode it is compared with (for ratios).")

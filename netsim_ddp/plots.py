@@ -39,6 +39,13 @@ def _color(mode: str, index: int) -> str:
     return MODE_COLORS.get(mode, f"C{index + 4}")
 
 
+def _fit(title: str, width: int) -> str:
+    """Wrapped so the title fits over its axes (a long one ran past the figure's edge)."""
+    from .timeline import fit_title
+
+    return fit_title(title, width)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
 
@@ -59,7 +66,7 @@ def plot_jitter(entry: dict[str, Any], path: Path, title: str | None = None) -> 
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title or f"{entry['name']}: per-iteration distributions (jitter)")
+    fig.suptitle(_fit(title or f"{entry['name']}: per-iteration distributions (jitter)", 80))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -86,7 +93,7 @@ def plot_wire_bytes(groups: list[tuple[str, dict[str, Any]]], path: Path,
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("MB per iteration")
-    ax.set_title(title)
+    ax.set_title(_fit(title, 55), fontsize=10)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -213,9 +220,9 @@ def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
-                 if calibrated else "PROJECTION (cost model fitted here, not measured)",
-                 color="#b00000")
+    ax.set_title(_fit("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
+                      if calibrated else "PROJECTION (cost model fitted here, not measured)",
+                      55), color="#b00000", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -285,11 +292,23 @@ def _mode_rows(entry: dict[str, Any]) -> list[list[str]]:
                      f"{s['iteration_s']['p95'] * 1e3:.1f}", f"{s['comm_s']['median'] * 1e3:.1f}",
                      f"{s['comm_s']['std'] * 1e3:.1f}", f"{s['compute_s']['median'] * 1e3:.1f}",
                      f"{m['scaling_efficiency']:.2f}",
-                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}"])
+                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}",
+                     *_collective_cells(m)])
     return rows
 
 
-MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB"]
+def _collective_cells(m: dict[str, Any]) -> list[str]:
+    from .report import straggler_cell
+
+    collective = m["summary"].get("collective_s")
+    if collective is None:
+        return ["-", "-", "-"]
+    return [f"{collective['median'] * 1e3:.1f}", f"{collective['std'] * 1e3:.1f}",
+            straggler_cell(m.get("straggler_summary"))]
+
+
+MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB",
+               "collective ms", "coll sd", "straggler"]
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
@@ -324,6 +343,7 @@ def report(results_json_path: str | Path, out_dir: str | Path,
         name = f"jitter-{_slug(entry['name'])}.png"
         plot_jitter(entry, out / name)
         doc.image(name, f"{entry['name']}: iteration and comm time distributions")
+        _timeline_and_checks(doc, entry, out)
     if scenarios:
         plot_wire_bytes([(s["name"], s) for s in scenarios], out / "wire-bytes.png")
         doc.heading("Wire bytes per mode")
@@ -333,6 +353,18 @@ def report(results_json_path: str | Path, out_dir: str | Path,
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html("netsim-ddp report"))
     return out / "report.md"
+
+
+def _timeline_and_checks(doc: _Doc, entry: dict[str, Any], out: Path) -> None:
+    from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
+
+    if has_timeline(entry):
+        name = f"timeline-{_slug(entry['name'])}.png"
+        plot_timeline(entry, out / name)
+        doc.image(name, f"{entry['name']}: per-iteration compute and collective time")
+    if entry.get("checks"):
+        doc.heading(f"Checks of {entry['name']} (failures first)", 3)
+        doc.table(CHECK_HEADER, check_rows(entry))
 
 
 def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:

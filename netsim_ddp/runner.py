@@ -8,6 +8,7 @@ measure the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -20,10 +21,12 @@ from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
 from .fabric.delayline import health as delay_line_health
 from .fabric.fidelity import expected_goodput
+from .fabric.schedule import LinkScheduler, plan_schedule
 from .gate import Verdict, default_expectations, evaluate
 from .hostload import CpuLoad, CpuTimes
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from .scenario import Scenario
+from .schedule_checks import attach_link_states, schedule_checks
 from .workload import ModeResult, RankSpec, WorkloadError, launch
 from .workload.collective import (
     BYTES_PER_ELEMENT,
@@ -129,11 +132,43 @@ class ModeReport:
     iteration: Summary = field(init=False)
     comm: Summary = field(init=False)
     compute: Summary = field(init=False)
+    collective: Summary | None = field(init=False)  # None: a result without collective timing
+    node_names: list[str] = field(default_factory=list)  # for the straggler view
+    ranks_per_node: int = 1
+    link_states: list[str] | None = None  # per iteration (see netsim_ddp.fabric.schedule)
 
     def __post_init__(self) -> None:
         self.iteration = summarize(self.result.iteration_s)
         self.comm = summarize(self.result.comm_s)
         self.compute = summarize(self.result.compute_s)
+        self.collective = (summarize(self.result.collective_s)
+                           if self.result.collective_s else None)
+
+    def straggler_rows(self) -> list[dict[str, object]] | None:
+        """Per iteration: the rank (and node) whose backward finished last, and how long the
+        first rank waited for it at the collective."""
+        if self.result.stragglers is None:
+            return None
+        rows: list[dict[str, object]] = []
+        for straggler in self.result.stragglers:
+            index = straggler.rank // self.ranks_per_node
+            node = self.node_names[index] if index < len(self.node_names) else None
+            rows.append({"rank": straggler.rank, "node": node, "wait_s": straggler.wait_s})
+        return rows
+
+    def straggler_summary(self) -> dict[str, object] | None:
+        """Which rank straggled most often, and the median wait it caused."""
+        rows = self.straggler_rows()
+        if not rows:
+            return None
+        import statistics
+        from collections import Counter
+
+        (rank, count), = Counter(row["rank"] for row in rows).most_common(1)
+        waits = [float(row["wait_s"]) for row in rows]  # type: ignore[arg-type]
+        node = next(row["node"] for row in rows if row["rank"] == rank)
+        return {"rank": rank, "node": node, "iterations": count, "of": len(rows),
+                "median_wait_s": statistics.median(waits), "max_wait_s": max(waits)}
 
     @property
     def scaling_efficiency(self) -> float:
@@ -169,8 +204,17 @@ class ModeReport:
             "wire_bytes_per_iteration": self.wire_bytes_per_iteration,
             "background_bytes_per_iteration": self.background_bytes_per_iteration,
             "hook_bytes_per_iteration": r.sent_bytes_per_iteration,
+            "collective_s": r.collective_s, "bucket_s": r.bucket_s,
+            # When each iteration started, from the first one's start (the window's edge).
+            "iteration_start_s": ([t - r.started_monotonic[0] for t in r.started_monotonic]
+                                  if r.started_monotonic else None),
             "summary": {"iteration_s": self.iteration.as_dict(), "comm_s": self.comm.as_dict(),
-                        "compute_s": self.compute.as_dict()},
+                        "compute_s": self.compute.as_dict(),
+                        **({"collective_s": self.collective.as_dict()} if self.collective
+                           else {})},
+            "stragglers": self.straggler_rows(),
+            "straggler_summary": self.straggler_summary(),
+            "link_states": self.link_states,
             "scaling_efficiency": self.scaling_efficiency,
             "busbw_bps": self.busbw_bps,
             "busbw_over_link": self.busbw_bps / self.link_bps,
@@ -197,6 +241,7 @@ class ScenarioReport:
     delay_backends: dict[str, str | None] = field(default_factory=dict)
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
+    link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
 
     @property
     def status(self) -> str:
@@ -223,6 +268,11 @@ class ScenarioReport:
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
                         "delay_line": self.delay_line_stats},
+            "link_schedule": ([{"mode": w.mode, "start_monotonic": w.start_monotonic,
+                                "end_monotonic": w.end_monotonic,
+                                "changes": [c.as_dict() for c in w.changes]}
+                               for w in self.link_schedule.windows]
+                              if self.link_schedule else None),
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
             "checks": [check.as_dict() for check in self.checks],
             "scenario": self.scenario.model_dump(mode="json"),
@@ -273,10 +323,15 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
     for mode, result in results.items():
         total, bg = _window_bytes(result, background)
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
-                                        bg / result.iterations, link_bps)
+                                        bg / result.iterations, link_bps,
+                                        node_names=scenario.topology.node_names,
+                                        ranks_per_node=scenario.topology.ranks_per_node)
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(background_checks(scenario.background, background, results))
     report.checks.extend(wire_ratio_checks(report.modes))
+    if report.link_schedule is not None:
+        attach_link_states(report.modes, report.link_schedule)
+        report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
                     else default_expectations(list(report.modes))
@@ -308,7 +363,13 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         signals.mkdir(parents=True, exist_ok=True)
         spec = RankSpec(workload=workload)
         before = CpuTimes.read()
-        with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic:
+        schedule, plan = plan_schedule(scenario), fabric.plan
+        assert plan is not None  # the fabric is built inside this block
+        scheduler = (LinkScheduler(plan.nodes, plan.switch_netns, schedule, signals)
+                     if schedule else None)
+        report.link_schedule = scheduler
+        with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic, \
+                scheduler or contextlib.nullcontext():
             results = launch(fabric.nodes, spec, out / "train",
                              timeout_s or _training_timeout(scenario, workload, link_bps),
                              ranks_per_node=scenario.topology.ranks_per_node, profile=profile,

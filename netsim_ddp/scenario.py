@@ -126,6 +126,35 @@ class LinkOverride(LinkShape):
     node: str | int = Field(description="Node name or index (0-based).")
 
 
+class LinkChange(_Strict):
+    """A change to the links during a run, at an offset from the start of every mode's
+    measured window (every mode meets the same schedule). Applied in place (tc change), so
+    no traffic passes unshaped while it happens."""
+
+    at: Duration = Field(description="When, from the start of each mode's measured window.")
+    node: str | int | None = Field(None, description="Node name or index; default: every node.")
+    rate: Rate | None = None
+    delay: Duration | None = None
+    jitter: Duration | None = None
+    loss: Percent | None = None
+    queue_limit: QueueLimit | None = None
+    down: Duration | None = Field(
+        None, gt=0, description="A flap: the link carries next to nothing for this long, then "
+        "returns to what it was.")
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> LinkChange:
+        changes = [name for name in ("rate", "delay", "jitter", "loss", "queue_limit")
+                   if getattr(self, name) is not None]
+        if not changes and self.down is None:
+            raise ValueError("give at least one of rate, delay, jitter, loss, queue_limit or "
+                             "down")
+        if changes and self.down is not None:
+            raise ValueError(f"down is a flap that restores the link afterwards; set "
+                             f"{', '.join(changes)} in a separate entry")
+        return self
+
+
 class LinkConfig(LinkShape):
     """The link every node has, unless an override says otherwise."""
 
@@ -139,6 +168,9 @@ class LinkConfig(LinkShape):
         "auto", description="What applies delay, jitter and loss: the kernel's netem, or the "
         "userspace delay line (for kernels without netem); auto picks netem where it exists.")
     override: list[LinkOverride] = Field(default_factory=list)
+    schedule: list[LinkChange] = Field(
+        default_factory=list, description="Changes to the links during each measured window, "
+        "in order of `at`.")
 
 
 class EffectiveLink(_Strict):
@@ -270,6 +302,7 @@ class Scenario(_Strict):
             if index in seen:
                 raise ValueError(f"{where}: node {names[index]!r} is overridden twice")
             seen.add(index)
+        _check_schedule(self, names)
         for i, flow in enumerate(self.background):
             ends = [_node_index(node, names, f"background.{i}.{role}")
                     for role, node in (("source", flow.source), ("destination", flow.destination))]
@@ -293,7 +326,8 @@ class Scenario(_Strict):
         """The link of one node (index or name), overrides applied."""
         names = self.topology.node_names
         index = _node_index(node, names, "node")
-        merged = self.link.model_dump(exclude={"override", "queue_limit", "delay_backend"})
+        merged = self.link.model_dump(exclude={"override", "queue_limit", "delay_backend",
+                                               "schedule"})
         merged["queue_limit"] = self.link.queue_limit
         for override in self.link.override:
             if _node_index(override.node, names, "override") == index:
@@ -338,6 +372,34 @@ class Scenario(_Strict):
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
         schema["title"] = "netsim-ddp scenario"
         return json.dumps(schema, indent=2)
+
+
+def _check_schedule(scenario: Scenario, names: list[str]) -> None:
+    """Offsets in order, nodes that exist, and delay/jitter/loss changed only where the link
+    has a delay stage to change (netem cannot be added mid-run without a gap)."""
+    previous = 0.0
+    down_until = [0.0] * len(names)  # a flap restores the link it took down: no change inside
+    for i, change in enumerate(scenario.link.schedule):
+        if change.at < previous:
+            raise ValueError(f"link.schedule.{i}.at: {change.at:g}s comes before the previous "
+                             f"entry's {previous:g}s; list the changes in order of time")
+        previous = change.at
+        indexes = (range(len(names)) if change.node is None
+                   else [_node_index(change.node, names, f"link.schedule.{i}.node")])
+        for index in indexes:
+            if change.at < down_until[index]:
+                raise ValueError(f"link.schedule.{i}.at: node {names[index]!r} is down until "
+                                 f"{down_until[index]:g}s; change it after it is back up")
+            if change.down is not None:
+                down_until[index] = change.at + change.down
+        impairs = [name for name in ("delay", "jitter", "loss")
+                   if getattr(change, name) is not None]
+        for index in indexes if impairs else ():
+            if not scenario.link_for(index).impaired:
+                raise ValueError(
+                    f"link.schedule.{i}.{impairs[0]}: node {names[index]!r} starts with no "
+                    "delay, jitter or loss, so its link has no delay stage to change in "
+                    "place; give it a small starting delay (e.g. link.delay = '50us')")
 
 
 def _node_index(node: int | str, names: list[str], where: str) -> int:

@@ -135,7 +135,10 @@ class NetsimSession:
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
                              f"  comm {result.comm.median * 1e3:8.1f} ms"
                              f" (sd {result.comm.std * 1e3:6.1f})"
-                             f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
+                             + (f"  collective {result.collective.median * 1e3:8.1f} ms"
+                                f" (sd {result.collective.std * 1e3:6.1f})"
+                                if result.collective else "")
+                             + f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
         for sweep in self.sweeps:
             held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
                         f"{sweep.holdout.target:.0%}: {sweep.holdout.verdict})"
@@ -161,6 +164,9 @@ class NetsimSession:
             values += [(f"netsim.{mode}.iteration_s.median", result.iteration.median),
                        (f"netsim.{mode}.comm_s.median", result.comm.median),
                        (f"netsim.{mode}.comm_s.std", result.comm.std),
+                       *([(f"netsim.{mode}.collective_s.median", result.collective.median),
+                          (f"netsim.{mode}.collective_s.std", result.collective.std)]
+                         if result.collective else []),
                        (f"netsim.{mode}.wire_bytes_per_iteration",
                         result.wire_bytes_per_iteration)]
         return values

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.workload.hooks import SentBytes
 from netsim_ddp.workload.models import Batch, LossFn
 from netsim_ddp.workload.modes import Mode
+from netsim_ddp.workload.timing import BucketTimer
 
 SYNC_SPAN = "nsd.synced_step"  # profiler label around each measured synced step
 
@@ -93,6 +94,10 @@ class Samples:
     buckets: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     skipped_steps: int = 0
+    # Per synced step: each bucket's (hand-off, completion), seconds from the step's start;
+    # and when the step started (CLOCK_MONOTONIC, shared by every namespace of the host).
+    bucket_intervals: list[list[tuple[float, float]]] = field(default_factory=list)
+    started_monotonic: list[float] = field(default_factory=list)
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -124,6 +129,7 @@ def measure(
     around_measured: Callable[[], contextlib.AbstractContextManager[object]] = (
         contextlib.nullcontext
     ),
+    timer: BucketTimer | None = None,
 ) -> Samples:
     """Warm up, then time `iterations` synced and compute-only steps (see module docstring)."""
     samples = Samples()
@@ -139,16 +145,26 @@ def measure(
         counter.reset()
         _device_sync(trainer.device)
         with torch.profiler.record_function(label):
+            if timer is not None:
+                timer.start_step()
+            started_monotonic = time.monotonic()
             start = time.perf_counter()
             loss = trainer.step(step_batches, sync)
             _device_sync(trainer.device)
-            return time.perf_counter() - start, loss
+            seconds = time.perf_counter() - start
+            if sync:
+                samples.started_monotonic.append(started_monotonic)
+                if timer is not None:
+                    samples.bucket_intervals.append(timer.intervals())
+            return seconds, loss
 
     for iteration in range(warmup):  # warms both paths: DDP rebuilds buckets after step one
         timed(micro_batches(iteration), sync=True)
         with trainer.rolled_back():
             timed(micro_batches(iteration), sync=False)
 
+    samples.started_monotonic.clear()  # the warm-up's synced steps are not measured
+    samples.bucket_intervals.clear()
     with around_measured():  # e.g. the profiler: measured iterations only
         for iteration in range(iterations):
             step_batches = micro_batches(warmup + iteration)

@@ -35,6 +35,7 @@ from netsim_ddp.workload.models import build_workload, count_params, make_batche
 from netsim_ddp.workload.modes import get_mode
 from netsim_ddp.workload.profiling import Profiler, trace_path
 from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
+from netsim_ddp.workload.timing import BucketTimer, register_timed
 from netsim_ddp.workload.window import measured_window
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
@@ -77,7 +78,8 @@ def run_mode(
         device_ids=[device.index] if device.type == "cuda" else None,
     )
     counter = SentBytes()
-    mode.register_comm_hook(ddp, counter)
+    timer = BucketTimer(device)
+    register_timed(mode, ddp, counter, timer)  # the mode's hook, its collectives timed
     trainer = Trainer(
         ddp=ddp,
         mode=mode,
@@ -100,6 +102,7 @@ def run_mode(
         iterations=config.iterations,
         grad_accumulation=config.grad_accumulation,
         barrier=dist.barrier,
+        timer=timer,
         around_measured=lambda: measured_window(
             mode_name, rank, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
             profiler() if profiler is not None else contextlib.nullcontext(), link_marks),
@@ -119,6 +122,8 @@ def run_mode(
         param_digest=param_digest(ddp.module),
         profiler_allreduce_s=profiler.allreduce_s if profiler is not None else None,
         link_marks=link_marks or None,
+        started_monotonic=samples.started_monotonic,
+        bucket_intervals=samples.bucket_intervals,
     )
     return rank_samples, params
 

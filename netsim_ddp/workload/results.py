@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from netsim_ddp.workload.intervals import union_length
+
 SCHEMA_VERSION = 1
 
 
@@ -67,6 +69,62 @@ class RankSamples(BaseModel):
         description="In an emulated node, local rank 0's link counters at the start and end "
         "of the measured window (monotonic_s, sent_bytes, sent_packets).",
     )
+    started_monotonic: list[float] | None = Field(
+        default=None, description="When each synced step started (CLOCK_MONOTONIC, seconds).")
+    bucket_intervals: list[list[tuple[float, float]]] | None = Field(
+        default=None,
+        description="Per synced step, each bucket's (hand-off to the collective, completion of "
+        "its future), seconds from the step's start, in bucket order.",
+    )
+
+    @property
+    def collective_s(self) -> list[float] | None:
+        """Per step, the time during which at least one of its collectives was in flight."""
+        if self.bucket_intervals is None:
+            return None
+        return [union_length(step) for step in self.bucket_intervals]
+
+    @property
+    def ready_monotonic(self) -> list[float] | None:
+        """Per step, when this rank handed its last bucket over (its backward was done)."""
+        if self.bucket_intervals is None or self.started_monotonic is None:
+            return None
+        return [start + max((handoff for handoff, _ in step), default=0.0)
+                for start, step in zip(self.started_monotonic, self.bucket_intervals,
+                                       strict=True)]
+
+
+class Straggler(BaseModel):
+    """The rank that made the others wait in one iteration: its last bucket reached the
+    collective `wait_s` after the first rank's did (absolute times, so a rank that left the
+    barrier late is not mistaken for one that computed slowly)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
+    wait_s: float
+
+
+def stragglers(ranks: Sequence[RankSamples]) -> list[Straggler] | None:
+    ready = [r.ready_monotonic for r in ranks]
+    if not ranks or any(times is None for times in ready):
+        return None
+    columns = zip(*[times for times in ready if times is not None], strict=True)
+    result = []
+    for column in columns:
+        last = max(range(len(column)), key=column.__getitem__)
+        result.append(Straggler(rank=ranks[last].rank, wait_s=column[last] - min(column)))
+    return result
+
+
+def bucket_maxima(ranks: Sequence[RankSamples]) -> list[list[float]] | None:
+    """Per iteration, per bucket, the longest any rank saw."""
+    if not ranks or any(r.bucket_intervals is None for r in ranks):
+        return None
+    per_rank = [[[end - start for start, end in step] for step in r.bucket_intervals or []]
+                for r in ranks]
+    return [[max(column) for column in zip(*steps, strict=True)]
+            for steps in zip(*per_rank, strict=True)]
 
 
 class ModeResult(BaseModel):
@@ -100,6 +158,20 @@ class ModeResult(BaseModel):
     profiler_allreduce_s: list[float] | None = Field(
         default=None, description="Per iteration, max over ranks of profiler all-reduce time."
     )
+    collective_s: list[float] | None = Field(
+        default=None,
+        description="Per iteration, max over ranks of the time at least one gradient "
+        "collective was in flight (the union of the bucket intervals).",
+    )
+    bucket_s: list[list[float]] | None = Field(
+        default=None,
+        description="Per iteration, each bucket's collective time (hand-off to completion), "
+        "max over ranks, in bucket order.",
+    )
+    stragglers: list[Straggler] | None = Field(
+        default=None, description="Per iteration, the rank whose backward finished last.")
+    started_monotonic: list[float] | None = Field(
+        default=None, description="Per iteration, when the first rank started its step.")
     ranks: list[RankSamples]
 
 
@@ -109,7 +181,16 @@ def combine(ranks: Sequence[RankSamples], **meta: object) -> ModeResult:
     iteration_s = slowest([r.iteration_s for r in ordered])
     compute_s = slowest([r.compute_s for r in ordered])
     profiled = [r.profiler_allreduce_s for r in ordered]
+    collective = [r.collective_s for r in ordered]
+    starts = [r.started_monotonic for r in ordered]
     return ModeResult(
+        collective_s=(slowest([c for c in collective if c is not None])
+                      if all(c is not None for c in collective) else None),
+        bucket_s=bucket_maxima(ordered),
+        stragglers=stragglers(ordered),
+        started_monotonic=([min(column) for column in
+                            zip(*[s for s in starts if s is not None], strict=True)]
+                           if all(s is not None for s in starts) else None),
         iteration_s=iteration_s,
         compute_s=compute_s,
         comm_s=exposed_comm(iteration_s, compute_s),

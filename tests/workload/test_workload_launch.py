@@ -174,6 +174,19 @@ def test_profiler_traces_and_allreduce_time(tmp_path: Path) -> None:
     # exposed comm (0, or a mis-attributed step, fails it).
     comm = statistics.median(result.comm_s)
     assert statistics.median(result.profiler_allreduce_s) >= 0.5 * comm
+    # The direct collective timing (hook hand-off to future completion) sees the same all-reduce
+    # from the other side: gloo closes its profiler event after completing the future (and the
+    # two clocks differ), so neither encloses the other. Measured here: one step 7.1 ms timed
+    # directly vs 8.5 ms by the profiler (0.83). Sound on a shared host: every step timed, and
+    # medians within a factor 1.5 of each other (a hand-off or completion stamped at the wrong
+    # moment, e.g. at enqueue, is off by far more).
+    assert result.collective_s is not None
+    ratios = [c / p for c, p in zip(result.collective_s, result.profiler_allreduce_s,
+                                    strict=True)]
+    for rank in result.ranks:
+        assert rank.collective_s is not None and min(rank.collective_s) > 0
+    ratio = statistics.median(result.collective_s) / statistics.median(result.profiler_allreduce_s)
+    assert 1 / 1.5 <= ratio <= 1.5, f"collective_s / profiler all-reduce per step: {ratios}"
 
 
 def test_gloo_binds_to_the_named_interface(tmp_path: Path) -> None:

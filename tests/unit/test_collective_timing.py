@@ -1,0 +1,111 @@
+"""Collective timing arithmetic: union of bucket intervals, the per-bucket maxima, the
+straggler view, and collective_s as a metric in expectations and baselines (no torch)."""
+
+import random
+
+import pytest
+
+from netsim_ddp import Scenario
+from netsim_ddp.baseline import Baseline, BaselineError, save
+from netsim_ddp.gate import Expectation, Metric, Tolerance, evaluate
+from netsim_ddp.runner import ModeReport, ScenarioReport
+from netsim_ddp.workload.intervals import union_length
+from netsim_ddp.workload.results import ModeResult, RankSamples, combine, exposed_comm
+
+SCENARIO = {"name": "timing", "topology": {"nodes": 2, "names": ["a", "b"]},
+            "link": {"rate": "1gbit"}, "workload": {"params": "1M", "modes": ["fp32", "amp-fp16"]}}
+
+
+def test_union_counts_overlaps_once():
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 1.0)]) == 1.0
+    assert union_length([(0.0, 1.0), (0.5, 2.0)]) == pytest.approx(2.0)  # overlap
+    assert union_length([(3.0, 4.0), (0.0, 1.0)]) == pytest.approx(2.0)  # gap, unsorted
+    assert union_length([(0.0, 5.0), (1.0, 2.0), (4.0, 6.0)]) == pytest.approx(6.0)  # nested
+
+
+def rank(index, started, intervals):
+    n = len(started)
+    return RankSamples(
+        rank=index, local_rank=0, hostname="h", iteration_s=[1.0] * n, compute_s=[0.5] * n,
+        comm_s=exposed_comm([1.0] * n, [0.5] * n), sent_bytes=[8] * n, buckets=[2] * n,
+        wire_dtypes=["float32"], loss=[1.0] * n, skipped_steps=0, param_digest="0" * 16,
+        started_monotonic=started, bucket_intervals=intervals)
+
+
+META = dict(mode="fp32", model="mlp", params=100, params_requested=100, world_size=2,
+            local_world_size=1, backend="gloo", device="cpu", socket_ifname="eth0",
+            batch_size=4, grad_accumulation=1, bucket_size=1024, warmup=0, iterations=2,
+            profiled=False)
+
+
+def test_combine_takes_the_slowest_rank_and_names_the_straggler():
+    r0 = rank(0, [100.0, 200.0], [[(0.1, 0.3), (0.2, 0.5)], [(0.1, 0.2), (0.15, 0.25)]])
+    # Rank 1 left the barrier 50 ms later in step 0, handing over its last bucket at
+    # 100.05 + 0.3 = 100.35 > rank 0's 100.2: it straggled by 150 ms. In step 1 rank 0 did.
+    r1 = rank(1, [100.05, 200.0], [[(0.1, 0.4), (0.3, 0.45)], [(0.05, 0.1), (0.1, 0.2)]])
+    result = combine([r1, r0], **META)
+    assert r0.collective_s == pytest.approx([0.4, 0.15])
+    assert r1.collective_s == pytest.approx([0.35, 0.15])
+    assert result.collective_s == pytest.approx([0.4, 0.15])
+    assert result.bucket_s is not None
+    assert [row == pytest.approx(expected) for row, expected in
+            zip(result.bucket_s, [[0.3, 0.3], [0.1, 0.1]], strict=True)] == [True, True]
+    assert result.stragglers is not None
+    assert [s.rank for s in result.stragglers] == [1, 0]
+    assert [s.wait_s for s in result.stragglers] == pytest.approx([0.15, 0.05])
+    assert result.started_monotonic == [100.0, 200.0]
+    report = ModeReport(result, 1.0, 0.0, 1e9, node_names=["a", "b"], ranks_per_node=1)
+    assert [row["node"] for row in report.straggler_rows()] == ["b", "a"]
+    assert report.straggler_summary()["of"] == 2
+    document = report.as_dict()
+    assert document["collective_s"] == result.collective_s
+    assert document["summary"]["collective_s"]["median"] == pytest.approx(0.275)
+
+
+def test_a_result_without_timing_has_none_and_metrics_say_so():
+    r = rank(0, [1.0], [[(0.0, 0.1)]]).model_copy(update={"bucket_intervals": None})
+    result = combine([r], **{**META, "world_size": 1, "iterations": 1})
+    assert result.collective_s is None and result.stragglers is None
+    report = ModeReport(result, 1.0, 0.0, 1e9)
+    assert report.collective is None and "collective_s" not in report.as_dict()["summary"]
+    with pytest.raises(ValueError, match="no collective timing"):
+        Metric.parse("collective_s.std").value(report)
+
+
+def mode(name, collective, spread, seed, n=20):
+    draw = random.Random(seed)
+    series = [collective + draw.gauss(0, spread) for _ in range(n)]
+    result = ModeResult.model_construct(
+        mode=name, iteration_s=[c + 0.1 for c in series], compute_s=[0.1] * n,
+        comm_s=series, collective_s=series, sent_bytes_per_iteration=1000, world_size=2,
+        iterations=n, params=250, ranks=[], profiler_allreduce_s=None)
+    return ModeReport(result, 1000.0, 0.0, 1e9)
+
+
+def test_collective_spread_is_an_expectation():
+    claim = Expectation(metric="collective_s.std", mode="amp-fp16", vs="fp32", max_ratio=1.0)
+    calm = {"fp32": mode("fp32", 0.5, 0.1, 1), "amp-fp16": mode("amp-fp16", 0.25, 0.02, 2)}
+    assert evaluate(claim, calm).passed
+    noisy = {"fp32": mode("fp32", 0.5, 0.02, 1), "amp-fp16": mode("amp-fp16", 0.25, 0.1, 2)}
+    verdict = evaluate(claim, noisy)
+    assert not verdict.passed and "collective_s" in verdict.detail
+
+
+def test_collective_s_in_baselines(tmp_path):
+    def report(modes):
+        r = ScenarioReport(Scenario.from_dict(SCENARIO))
+        r.modes = modes
+        return r
+
+    path = save([report({"fp32": mode("fp32", 0.5, 0.02, 1)})], tmp_path / "b.json")
+    baseline = Baseline(path)
+    tolerance = [Tolerance.parse("collective_s.median:10%")]
+    assert all(v.passed for v in baseline.compare(report({"fp32": mode("fp32", 0.5, 0.02, 2)}),
+                                                  tolerance, 0.05))
+    slower = baseline.compare(report({"fp32": mode("fp32", 0.8, 0.02, 3)}), tolerance, 0.05)
+    assert not slower[0].passed and "REGRESSION" in slower[0].detail
+    old = tmp_path / "old.json"
+    old.write_text(path.read_text().replace('"collective_s"', '"ignored_s"'))
+    with pytest.raises(BaselineError, match="no collective_s"):
+        Baseline(old).compare(report({"fp32": mode("fp32", 0.5, 0.02, 2)}), tolerance, 0.05)
