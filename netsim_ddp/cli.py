@@ -289,7 +289,8 @@ def report_command(results: str, out_dir: str) -> None:
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 def clean(dry_run: bool) -> None:
-    """Remove namespaces left by killed runs (live runs are left alone)."""
+    """Remove namespaces left by killed runs and restore NICs of killed `host` agents (live
+    runs and agents are left alone)."""
     from .fabric.sweep import sweep_stale
 
     report = sweep_stale(dry_run=dry_run)
@@ -300,8 +301,27 @@ def clean(dry_run: bool) -> None:
         out.print(f"left run {run_id} alone: it is live (pid {pid})")
     if report.killed_processes:
         out.print(f"killed {report.killed_processes} leftover processes")
-    if not report.removed:
+    nics = _clean_nics(dry_run)
+    if not report.removed and not nics:
         out.print("nothing to clean")
+
+
+def _clean_nics(dry_run: bool) -> int:
+    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded."""
+    from .fabric.nic import restore_stale_nics
+
+    found = restore_stale_nics(dry_run=dry_run)
+    for nic in found:
+        where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"
+        if nic.done:
+            out.print(f"restored {where} as its agent recorded it"
+                      + (f"; killed {nic.killed_processes} of its processes"
+                         if nic.killed_processes else ""))
+        elif dry_run:
+            out.print(f"would restore {where}")
+        else:
+            err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}")
+    return len(found)
 
 
 if __name__ == "__main__":
