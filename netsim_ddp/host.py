@@ -46,7 +46,14 @@ from .fabric.own_link import NIC_ENV
 from .runner import ScenarioReport, finish_report, probe_and_train
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError
-from .workload.launch import RANK_MODULE, _failure_report, _kill_all, _read_results, rank_env
+from .workload.launch import (
+    RANK_MODULE,
+    _failure_report,
+    _kill_all,
+    _rank_errors,
+    _read_results,
+    rank_env,
+)
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -191,9 +198,9 @@ class Control:
         self._beater = threading.Thread(target=beat, name="netsim-ddp-heartbeat", daemon=True)
         self._beater.start()
 
-    def check_heartbeats(self) -> None:
-        """A host whose heartbeat stopped is gone: abort naming it."""
-        now = time.monotonic()
+    def silent(self) -> list[int]:
+        """Nodes whose heartbeat has not moved for HEARTBEAT_TIMEOUT_S: gone."""
+        now, gone = time.monotonic(), []
         for rank in self.hellos:
             if rank == self.options.node_rank:
                 continue
@@ -203,10 +210,17 @@ class Control:
             if last is None or count != last[0]:
                 self._beats[rank] = (count, now)
             elif now - last[1] > HEARTBEAT_TIMEOUT_S:
-                reason = (f"{self.describe(rank)} stopped answering for "
-                          f"{HEARTBEAT_TIMEOUT_S:g} s: its agent died or its host went away")
-                self.abort(reason)
-                raise HostError(reason)
+                gone.append(rank)
+        return gone
+
+    def check_heartbeats(self) -> None:
+        """A host whose heartbeat stopped is gone: abort naming it."""
+        gone = self.silent()
+        if gone:
+            reason = (f"{self.describe(gone[0])} stopped answering for "
+                      f"{HEARTBEAT_TIMEOUT_S:g} s: its agent died or its host went away")
+            self.abort(reason)
+            raise HostError(reason)
 
     def wait_for(self, keys: list[str], timeout_s: float | None, what: Callable[[list[str]], str],
                  watch: bool = True) -> None:
@@ -380,9 +394,14 @@ class HostAgent:
     def _hosts_summary(self, control: Control) -> dict[str, dict[str, object]]:
         """Per node: its host, NIC, the shaping read back from its kernel, and whether its
         NIC came back as recorded (node 0 waits a while for the others to say so)."""
+        deadline = time.monotonic() + END_WAIT_S
         with contextlib.suppress(HostError):
-            control.wait_for([f"restored/{rank}" for rank in range(self.options.nnodes)],
-                             END_WAIT_S, lambda missing: "", watch=False)
+            while time.monotonic() < deadline:
+                gone = set(control.silent())  # a dead agent never answers
+                if all(control.has(f"restored/{rank}") for rank in range(self.options.nnodes)
+                       if rank not in gone):
+                    break
+                time.sleep(POLL_S)
         summary: dict[str, dict[str, object]] = {}
         for rank, hello in sorted(control.hellos.items()):
             entry: dict[str, object] = {"node_rank": rank, "hostname": hello["hostname"],
@@ -445,7 +464,7 @@ class HostAgent:
             finally:
                 _kill_all([process])
         if code != 0:
-            self._raise_after_grace(control, _failure_report([node], logs, [0]))
+            self._raise_after_grace(control, _failure_report([node], logs, [0]), logs)
         files = sorted(p.name for p in out.glob("*.json")
                        if p.name.startswith("result-") or p.name == "allreduce.json")
         for name in files:
@@ -460,15 +479,33 @@ class HostAgent:
                 if not (out / name).exists():
                     (out / name).write_bytes(control.get(f"files/{phase.index}/{name}"))
 
-    def _raise_after_grace(self, control: Control, failure: str) -> None:
-        """A rank here failed. If it failed because a peer host did, that host's agent says
-        so within moments: report the first cause, not the echo."""
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            control.raise_if_aborted()
-            time.sleep(POLL_S)
-        raise HostError(f"{control.describe(self.options.node_rank)}: its ranks failed:\n"
-                        f"{failure}")
+    def _raise_after_grace(self, control: Control, failure: str, logs: Path) -> None:
+        """A rank here failed. When a peer's failure caused it, the peer's agent says so
+        within moments, or its heartbeat stops (killed): wait for that, then abort with the
+        earliest failure any agent reported (the root cause; the others are echoes)."""
+        options = self.options
+        stamps = [stamp for stamp, *_ in _rank_errors(logs, _LocalNode(options.node_name, ""))]
+        control.set(f"failed/{options.node_rank}",
+                    json.dumps({"time": min(stamps, default=int(time.time())),
+                                "echo": _looks_like_echo(failure), "report": failure}))
+        keys = [f"failed/{rank}" for rank in range(options.nnodes)]
+        with contextlib.suppress(HostError):  # the grace ran out: decide with what we have
+            control.wait_for(keys, HEARTBEAT_TIMEOUT_S + 2 * HEARTBEAT_S, lambda _: "")
+        failures = sorted(
+            (entry["echo"], entry["time"], rank, entry["report"])
+             for rank in range(options.nnodes) if control.has(f"failed/{rank}")
+             for entry in [control.get_json(f"failed/{rank}")])
+        _, _, rank, report = failures[0]
+        reason = f"{control.describe(rank)}: its ranks failed first:\n{report}"
+        control.abort(reason)
+        control.raise_if_aborted()
+
+
+def _looks_like_echo(failure: str) -> bool:
+    """A rank that failed only because a peer went away (not a cause of its own)."""
+    echoes = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused",
+              "SIGTERM", "Signals.SIGKILL", "Socket Timeout", "timed out")
+    return any(echo in failure for echo in echoes)
 
 
 @dataclass(frozen=True)
