@@ -54,6 +54,7 @@ from .workload.launch import (
     _read_results,
     rank_env,
 )
+from .workload.window import SIGNAL_DIR_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -61,6 +62,7 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_TIMEOUT_S = 15.0  # a host silent this long is gone
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1
+OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
 Progress = Callable[[str], None]
 
 
@@ -353,7 +355,9 @@ class HostAgent:
         control.set(f"shaped/{options.node_rank}", json.dumps(shaping))
         control.wait_for([f"shaped/{rank}" for rank in range(options.nnodes)],
                          options.join_timeout_s,
-                         lambda missing: "did not shape its NIC: " + ", ".join(missing))
+                         lambda missing: ", ".join(control.describe(_rank_of(key))
+                                                   for key in missing)
+                         + f" did not shape its NIC within {options.join_timeout_s:g} s")
         self.progress(f"{options.node_name}: {options.nic} shaped "
                       f"({_rate(shaping['egress_bps'])} out, "
                       f"{_rate(shaping['ingress_bps'])} in); all hosts ready")
@@ -372,8 +376,11 @@ class HostAgent:
 
         def launcher(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                      env: Mapping[str, str] | None = None) -> dict[str, ModeResult]:
+            # Paths travel relative to each agent's --out (rank 0 may be on any host).
+            portable = {key: value.replace(str(options.out_dir), OUT_MARK)
+                        for key, value in (env or {}).items()}
             phase = Phase(next(phases), str(Path(out_dir).relative_to(options.out_dir)),
-                          spec.model_dump_json(), timeout_s, profile, dict(env or {}))
+                          spec.model_dump_json(), timeout_s, profile, portable)
             control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
             self._run_phase(control, phase)
             return _read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
@@ -446,7 +453,11 @@ class HostAgent:
                 "-m", RANK_MODULE, "--spec", str(spec_path), "--out", str(out)]  # fmt: skip
         if phase.profile:
             argv += ["--profile", str(out)]
-        env = rank_env(options.nic, {**phase.env, NIC_ENV: options.nic, JOB_ENV: self.job})
+        local = {key: value.replace(OUT_MARK, str(options.out_dir))
+                 for key, value in phase.env.items()}
+        if SIGNAL_DIR_ENV in local:
+            Path(local[SIGNAL_DIR_ENV]).mkdir(parents=True, exist_ok=True)
+        env = rank_env(options.nic, {**local, NIC_ENV: options.nic, JOB_ENV: self.job})
         node = _LocalNode(options.node_name, self.address)
         deadline = time.monotonic() + phase.timeout_s
         with open(logs / f"{node.name}.torchrun.log", "wb") as output:
@@ -473,7 +484,7 @@ class HostAgent:
         control.wait_for([f"status/{phase.index}/{rank}" for rank in range(options.nnodes)],
                          HEARTBEAT_TIMEOUT_S * 4,
                          lambda missing: f"phase {phase.index}: no word from "
-                         + ", ".join(missing))
+                         + ", ".join(control.describe(_rank_of(key)) for key in missing))
         for rank in range(options.nnodes):  # results land where the rendezvous put rank 0
             for name in control.get_json(f"status/{phase.index}/{rank}")["files"]:
                 if not (out / name).exists():
@@ -499,6 +510,10 @@ class HostAgent:
         reason = f"{control.describe(rank)}: its ranks failed first:\n{report}"
         control.abort(reason)
         control.raise_if_aborted()
+
+
+def _rank_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1])
 
 
 def _looks_like_echo(failure: str) -> bool:
