@@ -220,7 +220,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         alpha: float, calibration: str | None) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
-    from .report import mode_table, sweep_tables
+    from .report import sweep_tables
     from .session import NetsimSession, SessionOptionError, steal_warning
     from .sweep import CalibrationError, load_calibration
 
@@ -267,17 +267,108 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         if report.refused:
             human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
             continue
-        human.print(mode_table(report))
-        for check in report.checks:
-            mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
-            human.print(f"  {mark} {check.name}: {escape(check.detail)}")
-        warning = steal_warning([report])
-        if warning:
-            human.print(f"  [yellow]{escape(warning)}[/]")
+        _print_report(human, report)
     session.finish()
     _write_json(json_out, session.document())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
+
+
+def _print_report(human: Console, report) -> None:
+    """A trained scenario's table, checks and warnings (`run` and `host` alike)."""
+    from .report import mode_table
+    from .session import steal_warning
+
+    human.print(mode_table(report))
+    for check in report.checks:
+        mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
+        human.print(f"  {mark} {check.name}: {escape(check.detail)}")
+    warning = steal_warning([report])
+    if warning:
+        human.print(f"  [yellow]{escape(warning)}[/]")
+
+
+@main.command()
+@click.argument("file")
+@click.option("--node-rank", type=click.IntRange(min=0), required=True,
+              help="This host is the scenario's node I (0: it hosts the job and writes results).")
+@click.option("--nnodes", type=click.IntRange(min=1), required=True,
+              help="Hosts in the job; must equal the scenario's topology.nodes.")
+@click.option("--master-addr", required=True, help="Node 0's address, reachable by every host.")
+@click.option("--master-port", type=click.IntRange(1, 65535), required=True,
+              help="Node 0's port for the job's c10d store (and torchrun's rendezvous).")
+@click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Node 0: write the results as JSON ('-': stdout).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep rank logs and results here (default: a temporary directory).")
+@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
+@click.option("--timeout", "timeout_s", type=float, help="Seconds before hung ranks are killed.")
+@click.option("--join-timeout", "join_timeout_s", type=float, default=300.0, show_default=True,
+              help="Seconds to wait for every host to arrive.")
+@click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
+@click.option("--allow-untrusted", is_flag=True,
+              help="Run even if the hosts cannot drive the links (results marked untrusted).")
+@click.option("--baseline", metavar="PATH", help="Node 0: gate the results against a baseline.")
+@click.option("--save-baseline", metavar="PATH", help="Node 0: save the results as a baseline.")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
+              help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
+@click.option("--alpha", type=float, default=0.05, show_default=True,
+              help="Significance level of verdicts and regressions.")
+def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
+         json_out: str | None, out_dir: str | None, iterations: int | None,
+         timeout_s: float | None, join_timeout_s: float, no_ingress: bool,
+         allow_untrusted: bool, baseline: str | None, save_baseline: str | None,
+         tolerances: tuple[str, ...], alpha: float) -> None:
+    """Be one host of a scenario on a real cluster: run once per host (srun, a Kubernetes
+    Job, ssh). Shapes --nic to this node's link, trains with the other hosts, restores the
+    NIC exactly; node 0 reports as `run` does."""
+    import tempfile
+
+    from .fabric import FabricError
+    from .host import HostConfigError, HostError, HostOptions, run_host
+    from .runner import ScenarioReport
+    from .session import NetsimSession, SessionOptionError
+    from .workload import WorkloadError
+
+    (scenario,) = _load_all((file,))
+    try:
+        session = NetsimSession.create(
+            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
+            save_baseline=Path(save_baseline) if save_baseline else None)
+    except SessionOptionError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    options = HostOptions(
+        scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
+        master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
+        out_dir=Path(out_dir or tempfile.mkdtemp(prefix="netsim-ddp-host-")).resolve(),
+        join_timeout_s=join_timeout_s, allow_untrusted=allow_untrusted, ingress=not no_ingress)
+    human = _human(json_out)
+    try:
+        outcome = run_host(options, progress=lambda message: err.print(escape(message)))
+    except HostConfigError as exc:  # refused before anything changed
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except HostError as exc:
+        if node_rank != 0:
+            _fail(str(exc), EXIT_FAILED)
+        outcome = ScenarioReport(scenario, error=str(exc))
+    except (FabricError, WorkloadError) as exc:
+        _fail(str(exc), EXIT_FAILED)
+    if isinstance(outcome, str):  # not node 0: the verdict is node 0's to report
+        out.print(f"{options.node_name}: job finished ({outcome}); node 0 reports the results")
+        sys.exit(EXIT_OK if outcome == "passed" else EXIT_FAILED)
+    if outcome.error:
+        err.print(f"[red]{scenario.name}: error[/]: {escape(outcome.error)}", soft_wrap=True)
+    elif outcome.refused:
+        human.print(f"[yellow]{scenario.name}: refused[/]: {escape(outcome.refused)}")
+    else:
+        if session.baseline is not None:
+            outcome.checks.extend(session.gate(outcome))
+        _print_report(human, outcome)
+    session.reports.append(outcome)
+    session.finish()
+    _write_json(json_out, session.document())
+    sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
 
 
 @main.command("report")
@@ -353,7 +444,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 def clean(dry_run: bool) -> None:
-    """Remove namespaces left by killed runs (live runs are left alone)."""
+    """Remove namespaces left by killed runs and restore NICs of killed `host` agents (live
+    runs and agents are left alone)."""
     from .fabric.sweep import sweep_stale
 
     report = sweep_stale(dry_run=dry_run)
@@ -364,8 +456,27 @@ def clean(dry_run: bool) -> None:
         out.print(f"left run {run_id} alone: it is live (pid {pid})")
     if report.killed_processes:
         out.print(f"killed {report.killed_processes} leftover processes")
-    if not report.removed:
+    nics = _clean_nics(dry_run)
+    if not report.removed and not nics:
         out.print("nothing to clean")
+
+
+def _clean_nics(dry_run: bool) -> int:
+    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded."""
+    from .fabric.nic import restore_stale_nics
+
+    found = restore_stale_nics(dry_run=dry_run)
+    for nic in found:
+        where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"
+        if nic.done:
+            out.print(f"restored {where} as its agent recorded it"
+                      + (f"; killed {nic.killed_processes} of its processes"
+                         if nic.killed_processes else ""))
+        elif dry_run:
+            out.print(f"would restore {where}")
+        else:
+            err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}")
+    return len(found)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from . import __version__
 from .fabric import Fabric
@@ -44,6 +45,17 @@ WIRE_RATIO_CLAIMS = (("amp", "fp32", 1.0), ("amp-fp16", "fp32", 0.5), ("amp-bf16
 WIRE_RATIO_TOLERANCE = 0.03
 
 Progress = Callable[[str], None]
+
+
+class Launcher(Protocol):
+    """How a run's ranks are started: on the emulated nodes of a fabric (`run`), or one
+    torchrun per real host (`netsim-ddp host`). Each rank reads its own NIC's counters at the
+    measured window's edges, so the accounting is the same either way."""
+
+    def __call__(self, spec: RankSpec, out_dir: Path, timeout_s: float, *,
+                 profile: bool = False,
+                 env: Mapping[str, str] | None = None,
+                 watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]: ...
 
 
 @dataclass
@@ -226,7 +238,19 @@ class ModeReport:
             "params": r.params, "world_size": r.world_size, "iterations": r.iterations,
             "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
             "profiler_allreduce_s": r.profiler_allreduce_s,
+            "link_bytes": link_bytes(r),
         }
+
+
+def link_bytes(result: ModeResult) -> list[dict[str, object]]:
+    """What each node's NIC sent in the measured window, by the rank that read it (each
+    node's local rank 0): every host's own counters, as they were gathered."""
+    return [{"rank": rank.rank, "hostname": rank.hostname,
+             "sent_bytes": end["sent_bytes"] - start["sent_bytes"],
+             "sent_packets": end["sent_packets"] - start["sent_packets"],
+             "window_s": end["monotonic_s"] - start["monotonic_s"]}
+            for rank in result.ranks if rank.link_marks
+            for start, end in [rank.link_marks]]
 
 
 @dataclass
@@ -242,6 +266,7 @@ class ScenarioReport:
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
     link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
+    hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
 
     @property
     def status(self) -> str:
@@ -273,6 +298,7 @@ class ScenarioReport:
                                 "changes": [c.as_dict() for c in w.changes]}
                                for w in self.link_schedule.windows]
                               if self.link_schedule else None),
+            "hosts": self.hosts,
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
             "checks": [check.as_dict() for check in self.checks],
             "scenario": self.scenario.model_dump(mode="json"),
@@ -306,7 +332,6 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         workload = workload.model_copy(update={"iterations": iterations})
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
     report = ScenarioReport(scenario)
-    link_bps, _ = slowest_link_goodput(scenario)
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
     fabric = Fabric(scenario)
     try:
@@ -319,7 +344,15 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                                            scenario.topology.nodes > 1))
     if trained is None:
         return report
-    results, background = trained
+    finish_report(report, *trained)
+    return report
+
+
+def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
+                  background: BackgroundBytes) -> None:
+    """Wire accounting, then every check and verdict: one code path for every launcher."""
+    scenario = report.scenario
+    link_bps, _ = slowest_link_goodput(scenario)
     for mode, result in results.items():
         total, bg = _window_bytes(result, background)
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
@@ -337,46 +370,85 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                     else default_expectations(list(report.modes))
                     if scenario.topology.nodes > 1 else [])
     report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
-    return report
 
 
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
            profile: bool, allow_untrusted: bool, timeout_s: float | None,
            progress: Progress) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """Inside the built fabric: the probe, then every mode. None if the probe refused."""
-    link_bps, _ = slowest_link_goodput(scenario)
     with fabric:
         report.run_id = fabric.run_id
         report.delay_backends = fabric.delay_backends
-        if scenario.fidelity.enabled and len(fabric.nodes) > 1:
-            progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
-            report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
-                                                timeout_s, progress, watchdog(fabric))
-            trusted = report.fidelity.trusted
-            report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
-            if not trusted and not allow_untrusted:
-                report.refused = report.fidelity.reason
-                return None
-        progress(f"{scenario.name}: training {', '.join(workload.modes)} "
-                 f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
-        signals = out / "signals"
-        signals.mkdir(parents=True, exist_ok=True)
-        spec = RankSpec(workload=workload)
-        before = CpuTimes.read()
-        schedule, plan = plan_schedule(scenario), fabric.plan
+
+        def on_fabric(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+                      env: Mapping[str, str] | None = None,
+                      watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+            return launch(fabric.nodes, spec, out_dir, timeout_s,
+                          ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
+                          env=env, watchdog=watchdog)
+
+        plan = fabric.plan
         assert plan is not None  # the fabric is built inside this block
-        scheduler = (LinkScheduler(plan.nodes, plan.switch_netns, schedule, signals)
-                     if schedule else None)
-        report.link_schedule = scheduler
-        with BackgroundTraffic(fabric, scenario.background, signals=signals) as traffic, \
-                scheduler or contextlib.nullcontext():
-            results = launch(fabric.nodes, spec, out / "train",
-                             timeout_s or _training_timeout(scenario, workload, link_bps),
-                             ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
-                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
-                             watchdog=watchdog(fabric, traffic))
-            report.host_load = CpuLoad.between(before, CpuTimes.read())
-            return results, traffic.stop()
+        return probe_and_train(
+            scenario, workload, report, out, on_fabric, profile=profile,
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s, progress=progress,
+            traffic=lambda signals: BackgroundTraffic(fabric, scenario.background,
+                                                      signals=signals),
+            watch=lambda traffic: watchdog(fabric, traffic),
+            scheduler=lambda schedule, signals: LinkScheduler(plan.nodes, plan.switch_netns,
+                                                              schedule, signals))
+
+
+class _NoTraffic(contextlib.AbstractContextManager):
+    def __exit__(self, *_exc) -> None:
+        return None
+
+    def stop(self) -> BackgroundBytes:
+        return BackgroundBytes()
+
+    def check(self) -> None:
+        return None
+
+
+def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: Path,
+                    launcher: Launcher, *, profile: bool, allow_untrusted: bool,
+                    timeout_s: float | None, progress: Progress,
+                    traffic: Callable[[Path], Any] = lambda signals: _NoTraffic(),
+                    watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
+                    scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
+                    ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+    """The probe, then every mode, through `launcher`. None if the probe refused.
+
+    `traffic` starts the background flows, `watch` turns them (None while probing) into the
+    launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot)."""
+    link_bps, _ = slowest_link_goodput(scenario)
+    if scenario.fidelity.enabled and scenario.topology.nodes > 1:
+        progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
+        report.fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
+                                            timeout_s, progress, watch(None))
+        trusted = report.fidelity.trusted
+        report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
+        if not trusted and not allow_untrusted:
+            report.refused = report.fidelity.reason
+            return None
+    progress(f"{scenario.name}: training {', '.join(workload.modes)} "
+             f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
+    signals = out / "signals"
+    signals.mkdir(parents=True, exist_ok=True)
+    spec = RankSpec(workload=workload)
+    before = CpuTimes.read()
+    schedule = plan_schedule(scenario)
+    if schedule and scheduler is None:
+        raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
+                            "launcher; remove it or run the scenario with `netsim-ddp run`")
+    report.link_schedule = scheduler(schedule, signals) if schedule and scheduler else None
+    with traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
+        results = launcher(spec, out / "train",
+                           timeout_s or _training_timeout(scenario, workload, link_bps),
+                           profile=profile, env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
+                           watchdog=watch(flows))
+        report.host_load = CpuLoad.between(before, CpuTimes.read())
+        return results, flows.stop()
 
 
 def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
@@ -548,7 +620,7 @@ def _probe_results(out: Path, dtypes: list[str]) -> tuple[dict[str, float], list
     return by_dtype, results
 
 
-def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path,
+def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,
                       timeout_s: float | None, progress: Progress,
                       watchdog: Callable[[], None] | None = None) -> CollectiveFidelity:
     """Attempt after attempt until one reaches fidelity.min_fraction or none are left."""
@@ -566,9 +638,8 @@ def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path
             progress(f"{scenario.name}: all-reduce probe attempt {attempt + 1} of "
                      f"{scenario.fidelity.attempts} (so far {fidelity.fraction:.0%} of the link)")
         attempt_out = out / f"attempt{attempt}"
-        launch(fabric.nodes, spec, attempt_out,
-               timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
-               ranks_per_node=scenario.topology.ranks_per_node, watchdog=watchdog)
+        launcher(spec, attempt_out, timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
+                 watchdog=watchdog)
         by_dtype, results = _probe_results(attempt_out, dtypes)
         fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
                                    if r.host_load), None)

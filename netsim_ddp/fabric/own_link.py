@@ -7,6 +7,7 @@ warm-up, or the results gathered at the end.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from . import naming
+
+NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
 
 
 @dataclass(frozen=True)
@@ -25,10 +28,12 @@ class LinkMark:
     sent_packets: int
 
 
-def mark_own_link(ifname: str = naming.NODE_IFNAME) -> LinkMark | None:
+def mark_own_link(ifname: str | None = None) -> LinkMark | None:
     """The bytes this node's shaped NIC has sent, or None if it has no such NIC.
 
-    Only meaningful inside an emulated node: the harness tells ranks so (NETSIM_DDP_NODE)."""
+    Only meaningful inside an emulated node or on a host shaped by `netsim-ddp host`: the
+    harness tells ranks so (NETSIM_DDP_NODE, and NETSIM_DDP_NIC on a real host)."""
+    ifname = ifname or os.environ.get(NIC_ENV) or naming.NODE_IFNAME
     with IPRoute() as ipr:
         links = ipr.link_lookup(ifname=ifname)
         if not links:

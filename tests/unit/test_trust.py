@@ -51,9 +51,12 @@ def canned(monkeypatch):
 
 
 def probe(sc, tmp_path, messages=None):
-    fabric = SimpleNamespace(nodes=["n0", "n1"])
+    def on_two_nodes(spec, out_dir, timeout_s, **options):  # as run_scenario's launcher
+        return runner.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
+
     progress = (messages.append if messages is not None else lambda message: None)
-    return runner._probe_collective(fabric, sc, sc.workload.params, tmp_path, None, progress)
+    return runner._probe_collective(on_two_nodes, sc, sc.workload.params, tmp_path, None,
+                                    progress)
 
 
 def test_a_passing_stall_is_retried_and_the_best_attempt_counts(canned, tmp_path):

@@ -1,0 +1,114 @@
+"""Simulated hosts for multi-host tests: one network namespace per host, each with its own NIC
+(a veth) into a bridge in another namespace. Nothing here is shaped: that is the agent's job.
+
+Names: namespaces `nsd<run id>-h<i>` and `nsd<run id>-sw`, held by the run's lock so a
+concurrent `netsim-ddp clean` leaves them alone; links `nsdnic` (each host's NIC), `nsdp<i>`
+and `nsdbr` (the bridge's side). All are removed afterwards, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from netsim_ddp.fabric import naming, netns
+
+NIC = "nsdnic"
+SUBNET = "10.77.0"
+
+
+@dataclass
+class SimHost:
+    index: int
+    netns: str
+    address: str
+    nic: str = NIC
+
+    @property
+    def hostname(self) -> str:
+        return f"nsdhost{self.index}"
+
+    def entered(self):
+        return netns.entered(self.netns)
+
+    def popen(self, argv, **kwargs) -> subprocess.Popen:
+        """Start argv on this host as a scheduler would: in its network namespace, under its
+        own hostname (a UTS namespace of its own)."""
+        wrapped = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                   self.hostname, *map(str, argv)]
+        with self.entered():
+            return subprocess.Popen(wrapped, **kwargs)
+
+    def run(self, argv, **kwargs) -> subprocess.CompletedProcess:
+        with self.entered():
+            return subprocess.run(list(map(str, argv)), **kwargs)
+
+    def tc_dump(self) -> str:
+        """Every qdisc, class and filter on the NIC, as iproute2's tc prints them (detailed,
+        no counters): an independent witness of what netsim-ddp changed and restored."""
+        commands = [["tc", "-d", "qdisc", "show", "dev", self.nic],
+                    ["tc", "-d", "class", "show", "dev", self.nic],
+                    ["tc", "-d", "filter", "show", "dev", self.nic],
+                    ["tc", "-d", "filter", "show", "dev", self.nic, "ingress"],
+                    ["ip", "-d", "link", "show", "type", "ifb"]]
+        return "\n".join(self.run(c, capture_output=True, text=True, check=True).stdout
+                         for c in commands)
+
+
+def _disable_ipv6() -> None:
+    with contextlib.suppress(FileNotFoundError):
+        Path("/proc/sys/net/ipv6/conf/default/disable_ipv6").write_text("1")
+
+
+@contextlib.contextmanager
+def simulated_hosts(count: int):
+    run_id = naming.new_run_id()
+    lock = naming.RunLock(run_id)
+    lock.acquire()
+    switch = naming.netns_name(run_id, "sw")
+    hosts = [SimHost(i, naming.netns_name(run_id, f"h{i}"), f"{SUBNET}.{i + 1}")
+             for i in range(count)]
+    made: list[str] = []
+    try:
+        for name in [switch, *(h.netns for h in hosts)]:
+            netns.create(name)
+            made.append(name)
+            with netns.entered(name):
+                _disable_ipv6()  # no router solicitations in the counters
+        with netns.entered(switch), IPRoute() as ipr:
+            ipr.link("add", ifname="nsdbr", kind="bridge")
+            (bridge,) = ipr.link_lookup(ifname="nsdbr")
+            ipr.link("set", index=bridge, state="up")
+            for host in hosts:
+                fd = os.open(netns.path_of(host.netns), os.O_RDONLY)
+                try:
+                    ipr.link("add", ifname=f"nsdp{host.index}", kind="veth",
+                             peer={"ifname": NIC, "net_ns_fd": fd})
+                finally:
+                    os.close(fd)
+                (port,) = ipr.link_lookup(ifname=f"nsdp{host.index}")
+                ipr.link("set", index=port, master=bridge, state="up")
+        for host in hosts:
+            with host.entered(), IPRoute() as ipr:
+                (nic,) = ipr.link_lookup(ifname=NIC)
+                ipr.addr("add", index=nic, address=host.address, prefixlen=24)
+                ipr.link("set", index=nic, state="up")
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        yield hosts
+    finally:
+        netns.kill_processes_in(made)
+        for name in made:
+            netns.remove(name)
+        lock.release()
+
+
+
+
+def netsim_ddp(*args) -> list[str]:
+    return [sys.executable, "-m", "netsim_ddp.cli", *map(str, args)]

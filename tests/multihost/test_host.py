@@ -1,0 +1,168 @@
+"""`netsim-ddp host` across simulated hosts: one network namespace per host, one agent per
+namespace started as a scheduler would, training through torchrun's c10d rendezvous."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from simhosts import NIC, netsim_ddp
+
+from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.nic import state_path
+
+pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 29531
+
+
+def small_default(tmp_path: Path, iterations: int = 5) -> Path:
+    """The shipped default's network (two nodes, 1 Gbit/s links) with a small, quick model."""
+    data = tomllib.loads((ROOT / "scenarios" / "default.toml").read_text())
+    data["workload"].update(params="2M", batch_size=8, iterations=iterations, warmup=1)
+    lines = []
+    for table, values in data.items():
+        if isinstance(values, dict):
+            lines.append(f"[{table}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+        else:
+            lines.insert(0, f"{table} = {json.dumps(values)}")
+    path = tmp_path / "default-small.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_agents(hosts, scenario: Path, tmp_path: Path, *extra):
+    return [host.popen(netsim_ddp(
+        "host", scenario, "--node-rank", host.index, "--nnodes", len(hosts),
+        "--master-addr", hosts[0].address, "--master-port", PORT, "--nic", host.nic,
+        "--out", tmp_path / f"out{host.index}", "--json", tmp_path / f"result{host.index}.json",
+        "--join-timeout", 60, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for host in hosts]
+
+
+def finish(process: subprocess.Popen, timeout: float) -> str:
+    try:
+        return process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)  # the agent restores its NIC on the way out
+        output = process.communicate(timeout=60)[0]
+        pytest.fail(f"agent ran past {timeout} s:\n{output[-3000:]}")
+
+
+def host_state(host) -> Path:
+    with host.entered():
+        return state_path(NIC)
+
+
+@pytest.mark.ddp
+def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
+    h0, h1 = two_hosts
+    # someone's own qdisc on one NIC, the kernel's default on the other: both must come back
+    h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
+            "321"], check=True)
+    before = [host.tc_dump() for host in two_hosts]
+    agents = start_agents(two_hosts, small_default(tmp_path), tmp_path)
+    outputs = [finish(agent, 240) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)
+    assert "job finished (passed)" in outputs[1]
+    assert [host.tc_dump() for host in two_hosts] == before  # every NIC exactly as it was
+    assert not any(host_state(host).exists() for host in two_hosts)
+
+    (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
+    assert report["status"] == "passed", report["checks"]
+    assert not (tmp_path / "result1.json").exists()  # node 0 reports, the others don't
+    checks = {check["name"]: check for check in report["checks"]}
+    assert {"fidelity", "wire-bytes:amp/fp32", "wire-bytes:amp-fp16/fp32",
+            "expect:comm_s.median:amp-fp16/fp32"} <= set(checks)
+    # shaped to the scenario's rate, as each host's kernel reports it, in both directions...
+    for name, host in report["hosts"].items():
+        assert host["shaping"]["egress_bps"] == host["shaping"]["ingress_bps"] == 1e9, name
+        assert host["restored"] == {"ok": True, "error": None}
+    # ...and in effect: the all-reduce cannot beat the link (an unshaped veth runs ~5x faster)
+    fidelity = report["fidelity"]
+    assert 0.9 <= fidelity["busbw_bps"] / fidelity["expected_bps"] <= 1.05
+    modes = report["modes"]
+    ratio = (modes["amp-fp16"]["wire_bytes_per_iteration"]
+             / modes["fp32"]["wire_bytes_per_iteration"])
+    assert ratio == pytest.approx(0.5, abs=0.03)
+    # every host's own counters, gathered over torch.distributed, make up the wire bytes
+    for mode in modes.values():
+        counted = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
+        assert set(counted) == {"nsdhost0", "nsdhost1"}
+        assert all(sent > 0 for sent in counted.values())
+        assert sum(counted.values()) / mode["iterations"] == pytest.approx(
+            mode["wire_bytes_per_iteration"])
+
+
+@pytest.mark.ddp
+def test_a_killed_agent_ends_the_run_and_clean_restores_its_nic(two_hosts, tmp_path):
+    h0, h1 = two_hosts
+    h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
+            "321"], check=True)
+    before = [host.tc_dump() for host in two_hosts]
+    agents = start_agents(two_hosts, small_default(tmp_path, iterations=500), tmp_path)
+    try:
+        for line in agents[0].stdout:  # both NICs shaped, and the ranks training
+            if ": training " in line:
+                break
+        assert "tbf" in h1.tc_dump()
+        agents[1].kill()  # SIGKILL: node 1's agent cannot restore anything
+        agents[1].wait()
+        started = time.monotonic()
+        output = finish(agents[0], 90)
+        assert agents[0].returncode == 1
+        assert time.monotonic() - started < 60, output[-5000:]
+        assert "node n1 (host nsdhost1, 10.77.0.2)" in output, output[-3000:]
+        assert h0.tc_dump() == before[0]  # node 0 restored its own on the way out
+        assert "tbf" in h1.tc_dump() and host_state(h1).exists()
+        (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
+        assert report["status"] == "error" and "n1" in report["error"]
+
+        cleaned = subprocess.run(netsim_ddp("clean"), capture_output=True, text=True)
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert f"restored {NIC}" in cleaned.stdout
+        assert h1.tc_dump() == before[1]
+        assert not host_state(h1).exists()
+        deadline = time.monotonic() + 10  # SIGKILLed by clean: gone once reaped
+        while netns.pids_in([h1.netns])[h1.netns] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not netns.pids_in([h1.netns])[h1.netns]  # no rank of the dead agent lives on
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.communicate()
+
+
+def test_a_host_that_never_arrives_ends_the_run_naming_it(two_hosts, tmp_path):
+    h0, _ = two_hosts
+    before = h0.tc_dump()
+    agent = h0.popen(netsim_ddp(  # node 1 never starts
+        "host", small_default(tmp_path), "--node-rank", 0, "--nnodes", 2,
+        "--master-addr", h0.address, "--master-port", PORT, "--nic", NIC,
+        "--json", tmp_path / "r.json", "--join-timeout", 3),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = finish(agent, 60)
+    assert agent.returncode == 1
+    assert "never arrived within 3 s: node n1 (node rank 1)" in output
+    assert h0.tc_dump() == before  # nothing was shaped before everyone was there
+
+
+def test_refuses_a_scenario_whose_nodes_are_not_the_hosts(one_host, tmp_path):
+    before = one_host.tc_dump()
+    result = one_host.run(netsim_ddp(
+        "host", small_default(tmp_path), "--node-rank", 0, "--nnodes", 3, "--master-addr",
+        one_host.address, "--master-port", PORT, "--nic", NIC), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "topology.nodes is 2 but --nnodes is 3" in result.stderr
+    result = one_host.run(netsim_ddp(
+        "host", small_default(tmp_path), "--node-rank", 0, "--nnodes", 2, "--master-addr",
+        one_host.address, "--master-port", PORT, "--nic", "lo"), capture_output=True, text=True)
+    assert result.returncode == 1 and "loopback" in result.stderr
+    assert one_host.tc_dump() == before
