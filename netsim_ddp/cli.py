@@ -233,6 +233,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             allow_untrusted=allow_untrusted, timeout_s=timeout_s)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    _warn_about_stale_runs()
     try:
         ensure_network_privilege()
     except PrivilegeError as exc:
@@ -287,21 +288,38 @@ def report_command(results: str, out_dir: str) -> None:
 
 
 @main.command()
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed; writes nothing.")
 def clean(dry_run: bool) -> None:
-    """Remove namespaces left by killed runs (live runs are left alone)."""
+    """Remove what killed runs left (namespaces, processes, lock files); live runs are spared."""
     from .fabric.sweep import sweep_stale
 
     report = sweep_stale(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
         out.print(f"{verb} namespace {name}")
+    if report.killed_processes:
+        out.print(f"{'would kill' if dry_run else 'killed'} {report.killed_processes} "
+                  "leftover processes")
+    for run_id in report.removed_locks:
+        out.print(f"{verb} the lock file of dead run {run_id}")
     for run_id, pid in report.live_runs.items():
         out.print(f"left run {run_id} alone: it is live (pid {pid})")
-    if report.killed_processes:
-        out.print(f"killed {report.killed_processes} leftover processes")
-    if not report.removed:
+    if report.root_litter:
+        out.print(f"root's killed runs left {len(report.root_litter)} namespaces "
+                  f"({', '.join(report.root_litter)}): run `sudo netsim-ddp clean` to remove them")
+    if not (report.removed or report.killed_processes or report.removed_locks):
         out.print("nothing to clean")
+
+
+def _warn_about_stale_runs() -> None:
+    """Namespaces or processes of killed runs load the host and blur this run's numbers."""
+    from .fabric.sweep import sweep_stale
+
+    stale = sweep_stale(dry_run=True)  # only looks
+    if stale.harmful:
+        err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
+                  "and distort the results: `netsim-ddp clean` removes them (live runs are "
+                  "spared)", soft_wrap=True)
 
 
 if __name__ == "__main__":

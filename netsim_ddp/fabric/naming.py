@@ -35,6 +35,8 @@ SWITCH_ROLE = "sw"
 BRIDGE = "nsd-br"
 NODE_IFNAME = "eth0"
 _RUN_NAMESPACE = re.compile(rf"^{PREFIX}(?P<run_id>[0-9a-f]{{6}})-(?P<role>[A-Za-z0-9_.-]+)$")
+_RUN_LOCK = re.compile(rf"^{PREFIX}(?P<run_id>[0-9a-f]{{6}})\.lock$")
+_RUN_ID = re.compile(r"^[0-9a-f]{6}$")
 
 ROOT_LOCK_DIR = Path("/run/netsim-ddp")
 RUN_ID_ENV = "NETSIM_DDP_RUN_ID"  # in the environment of every process a run starts
@@ -92,6 +94,16 @@ def parse_netns_name(name: str) -> tuple[str, str] | None:
     """(run id, role) of a namespace this project made, else None."""
     match = _RUN_NAMESPACE.match(name)
     return (match["run_id"], match["role"]) if match else None
+
+
+def parse_lock_name(name: str) -> str | None:
+    """The run id of a lock file's name, else None."""
+    match = _RUN_LOCK.match(name)
+    return match["run_id"] if match else None
+
+
+def is_run_id(text: str) -> bool:
+    return bool(_RUN_ID.match(text))
 
 
 @dataclass
