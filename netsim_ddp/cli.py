@@ -242,6 +242,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             allow_untrusted=allow_untrusted, timeout_s=timeout_s)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    _warn_about_stale_runs()
     try:
         ensure_network_privilege()
     except PrivilegeError as exc:
@@ -323,11 +324,11 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     """Be one host of a scenario on a real cluster: run once per host (srun, a Kubernetes
     Job, ssh). Shapes --nic to this node's link, trains with the other hosts, restores the
     NIC exactly; node 0 reports as `run` does."""
-    import tempfile
+    import secrets
 
     from .fabric import FabricError
     from .host import HostConfigError, HostError, HostOptions, run_host
-    from .runner import ScenarioReport
+    from .runner import ScenarioReport, run_folder
     from .session import NetsimSession, SessionOptionError
     from .workload import WorkloadError
 
@@ -341,7 +342,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     options = HostOptions(
         scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
         master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
-        out_dir=Path(out_dir or tempfile.mkdtemp(prefix="netsim-ddp-host-")).resolve(),
+        # A folder of this agent's own, as for `run`: a reused --out never replays old files.
+        out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
         join_timeout_s=join_timeout_s, allow_untrusted=allow_untrusted, ingress=not no_ingress)
     human = _human(json_out)
     try:
@@ -442,22 +444,28 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 
 
 @main.command()
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed; writes nothing.")
 def clean(dry_run: bool) -> None:
-    """Remove namespaces left by killed runs and restore NICs of killed `host` agents (live
-    runs and agents are left alone)."""
+    """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
+    killed `host` agents; live runs and agents are spared."""
     from .fabric.sweep import sweep_stale
 
     report = sweep_stale(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
         out.print(f"{verb} namespace {name}")
+    if report.killed_processes:
+        out.print(f"{'would kill' if dry_run else 'killed'} {report.killed_processes} "
+                  "leftover processes")
+    for run_id in report.removed_locks:
+        out.print(f"{verb} the lock file of dead run {run_id}")
     for run_id, pid in report.live_runs.items():
         out.print(f"left run {run_id} alone: it is live (pid {pid})")
-    if report.killed_processes:
-        out.print(f"killed {report.killed_processes} leftover processes")
+    if report.root_litter:
+        out.print(f"root's killed runs left {len(report.root_litter)} namespaces "
+                  f"({', '.join(report.root_litter)}): run `sudo netsim-ddp clean` to remove them")
     nics = _clean_nics(dry_run)
-    if not report.removed and not nics:
+    if not (report.removed or report.killed_processes or report.removed_locks or nics):
         out.print("nothing to clean")
 
 
@@ -477,6 +485,17 @@ def _clean_nics(dry_run: bool) -> int:
         else:
             err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}")
     return len(found)
+
+
+def _warn_about_stale_runs() -> None:
+    """Namespaces or processes of killed runs load the host and blur this run's numbers."""
+    from .fabric.sweep import sweep_stale
+
+    stale = sweep_stale(dry_run=True)  # only looks
+    if stale.harmful:
+        err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
+                  "and distort the results: `netsim-ddp clean` removes them (live runs are "
+                  "spared)", soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -267,6 +267,7 @@ class ScenarioReport:
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
     link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
     hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
+    out_dir: Path | None = None  # this run's own folder: logs, results, signals
 
     @property
     def status(self) -> str:
@@ -289,6 +290,7 @@ class ScenarioReport:
             "refused": self.refused,
             "error": self.error,
             "run_id": self.run_id,
+            "out_dir": str(self.out_dir) if self.out_dir else None,
             "fidelity": self.fidelity.as_dict() if self.fidelity else None,
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
@@ -330,10 +332,10 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                          "add a [workload] section (see README)")
     if iterations is not None:
         workload = workload.model_copy(update={"iterations": iterations})
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
-    report = ScenarioReport(scenario)
-    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
     fabric = Fabric(scenario)
+    out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
+    report = ScenarioReport(scenario, out_dir=out)
+    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
     try:
         trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
                          timeout_s, progress)
@@ -355,6 +357,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     link_bps, _ = slowest_link_goodput(scenario)
     for mode, result in results.items():
         total, bg = _window_bytes(result, background)
+        _check_background_followed(result, background)
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
@@ -370,6 +373,21 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                     else default_expectations(list(report.modes))
                     if scenario.topology.nodes > 1 else [])
     report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
+
+
+def run_folder(base: Path | None, run_id: str) -> Path:
+    """A folder only this run writes: `base/run-<run id>`, made fresh, with `base/latest`
+    pointing at it (a temporary folder without `base`). A folder shared with an earlier run
+    would replay its signals to the background flows and lend it its result and error files."""
+    if base is None:
+        return Path(tempfile.mkdtemp(prefix=f"netsim-ddp-run-{run_id}-"))
+    base.mkdir(parents=True, exist_ok=True)
+    out = base / f"run-{run_id}"
+    out.mkdir()  # FileExistsError rather than share one
+    latest = base / f".latest-{run_id}"
+    latest.symlink_to(out.name)
+    latest.replace(base / "latest")  # atomic: parallel runs never see it half-made
+    return out
 
 
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
@@ -434,7 +452,7 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     progress(f"{scenario.name}: training {', '.join(workload.modes)} "
              f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
     signals = out / "signals"
-    signals.mkdir(parents=True, exist_ok=True)
+    signals.mkdir(parents=True)  # this run's own: an older run's files would replay
     spec = RankSpec(workload=workload)
     before = CpuTimes.read()
     schedule = plan_schedule(scenario)
@@ -618,6 +636,18 @@ def _probe_results(out: Path, dtypes: list[str]) -> tuple[dict[str, float], list
         raise WorkloadError(f"the all-reduce probe reported nothing for {', '.join(missing)} "
                             f"(asked {', '.join(dtypes)})")
     return by_dtype, results
+
+
+def _check_background_followed(result: ModeResult, background: BackgroundBytes) -> None:
+    """Every background sender must have followed this mode's measured window; else the
+    background bytes are not a measurement of it (0 would pass for "no traffic")."""
+    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
+    begin = min(start["monotonic_s"] for start, _ in marks)
+    finish = max(end["monotonic_s"] for _, end in marks)
+    missed = background.missed_window(result.mode, begin, finish)
+    if missed:
+        raise WorkloadError(f"mode {result.mode}: background traffic did not run in its measured "
+                            f"window: {'; '.join(missed)}")
 
 
 def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,

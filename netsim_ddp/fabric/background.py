@@ -6,7 +6,9 @@ the flow's seed, so every mode of a run meets the same schedule, measured from i
 
 Both ends sample their TCP counters (TCP_INFO) as they run and report the series when stopped,
 so the bytes background traffic put on the wire in any window can be told apart from the
-training's.
+training's. Senders also report the windows they followed (when they saw each start and end
+file), so a sender that never saw a mode's window (a stale signal folder, a starved process)
+is an error, not a silent zero.
 
     python -m netsim_ddp.fabric.background sink ADDR REPORT
     python -m netsim_ddp.fabric.background send ADDR PORT FLOW_JSON REPORT [--signals DIR]
@@ -73,6 +75,8 @@ class BackgroundBytes:
     end, sampled from TCP_INFO as they ran, so any window of the run can be accounted for."""
 
     series: tuple[tuple[tuple[float, int], ...], ...] = ()
+    # Per sender: (its role, the windows it followed as (mode, seen start, seen end or None)).
+    windows: tuple[tuple[str, tuple[tuple[str, float, float | None], ...]], ...] = ()
 
     @property
     def total(self) -> int:
@@ -89,6 +93,21 @@ class BackgroundBytes:
         TCP counts a segment when it enters the link's queue and tc when it leaves, so this
         differs from the links' counters over the same window by at most a queue's worth."""
         return sum(_at(points, end_s) - _at(points, start_s) for points in self.series)
+
+    def missed_window(self, mode: str, start_s: float, end_s: float) -> list[str]:
+        """Why senders did not follow `mode`'s measured window [start_s, end_s] (monotonic):
+        each must have seen its start inside it. Seen before it: a start file older than the
+        window (replayed); after it: the flow never ran while the mode was measured."""
+        problems = []
+        for role, followed in self.windows:
+            seen = [start for name, start, _ in followed if name == mode]
+            if not seen:
+                problems.append(f"the {role} never saw the window start")
+            elif not any(start_s <= start <= end_s for start in seen):
+                problems.append(
+                    f"the {role} saw the window start {min(seen) - start_s:+.3f} s from its "
+                    f"start, outside the {end_s - start_s:.3f} s window")
+        return problems
 
 
 def _at(points: tuple[tuple[float, int], ...], when: float) -> float:
@@ -118,18 +137,21 @@ class _WireMeter:
             (bytes_sent,) = struct.unpack_from("Q", info, _TCPI_BYTES_SENT)
             self.points.append((now, bytes_sent + WIRE_HEADERS * segs_out))
 
-    def report_and_reset(self, report: Path) -> None:
+    def report_and_reset(self, report: Path, windows: list[list] | None = None) -> None:
         """Write the series, then reset the connection: a graceful close would still send
         what sits in the send buffer (megabytes) after the last sample."""
         self.sample(force=True)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.sock.close()
-        _write_report(report, self.points)
+        _write_report(report, self.points, windows)
 
 
-def _write_report(report: Path, points: list[tuple[float, int]]) -> None:
+def _write_report(report: Path, points: list[tuple[float, int]],
+                  windows: list[list] | None = None) -> None:
+    """{"points": [[monotonic s, bytes]...], "windows": [[mode, start, end]...] (senders
+    following signals) or null}."""
     partial = report.with_suffix(".partial")
-    partial.write_text(json.dumps(points))
+    partial.write_text(json.dumps({"points": points, "windows": windows}))
     partial.rename(report)  # whole or absent, never half-written
 
 
@@ -146,6 +168,9 @@ class BackgroundTraffic:
         self.fabric = fabric
         self.flows = flows
         self.signals = signals
+        if signals is not None and any(signals.iterdir()):
+            raise ValueError(f"background traffic needs a fresh signal folder, and {signals} "
+                             "holds an earlier run's signals, which the senders would replay")
         self._reports = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
         self._running: list[tuple[str, subprocess.Popen, Path]] = []
 
@@ -167,7 +192,7 @@ class BackgroundTraffic:
 
     def _start(self, flow: BackgroundFlow) -> None:
         source, destination = self.fabric.node(flow.source), self.fabric.node(flow.destination)
-        command = [sys.executable, "-m", __name__]
+        command = [sys.executable, "-P", "-m", __name__]  # -P: never import from the cwd
         index = len(self._running)
         sink_report = self._reports / f"{index}-sink.json"
         with open(sink_report.with_suffix(".err"), "wb") as stderr:  # kept: says why it died
@@ -211,11 +236,15 @@ class BackgroundTraffic:
                 if process.poll() is not None]
         for _, process, _ in running:  # senders first: each precedes its sink
             _terminate(process)
-        series, missing = [], []
+        series, windows, missing = [], [], []
         for role, process, report in running:
             try:
-                points = tuple(tuple(point) for point in json.loads(report.read_text()))
-            except (OSError, ValueError):
+                data = json.loads(report.read_text())
+                points = tuple((float(t), int(b)) for t, b in data["points"])
+                if data["windows"] is not None:
+                    windows.append((role, tuple((str(mode), float(start), end)
+                                                for mode, start, end in data["windows"])))
+            except (OSError, ValueError, KeyError, TypeError):
                 missing.append(self._why(role, process, report))
                 continue
             if not points:  # a sink that never had a connection
@@ -228,7 +257,7 @@ class BackgroundTraffic:
         if problems:
             raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
                                   "be told from the training's")
-        return BackgroundBytes(tuple(series))
+        return BackgroundBytes(tuple(series), tuple(windows))
 
 
 def _read_line(process: subprocess.Popen, role: str) -> str:
@@ -285,6 +314,7 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
     sock.settimeout(None)
     meter = _WireMeter(sock)
     print("ready", flush=True)
+    windows: list[list] = []  # [mode, when its start was seen, when its end was seen]
     try:
         if signals is None:
             _follow_schedule(sock, meter, flow, stopped=lambda: False)
@@ -293,11 +323,13 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
             seen: set[str] = set()
             while True:
                 mode = _wait_for_window(signals, seen)
+                windows.append([mode, time.monotonic(), None])
                 end = signals / f"end-{mode}"
                 _follow_schedule(sock, meter, flow, stopped=end.exists)
+                windows[-1][2] = time.monotonic()
     except (_Stop, ConnectionError):
         pass
-    meter.report_and_reset(report)
+    meter.report_and_reset(report, windows if signals is not None else None)
 
 
 def _wait_for_window(signals: Path, seen: set[str]) -> str:

@@ -2,7 +2,10 @@
 
 Each kernel object is owned by an ExitStack: its teardown is registered right after its
 creation succeeds, so leaving the `with` block, an exception, SIGINT or SIGTERM remove exactly
-what exists. SIGKILL cannot be caught: `netsim-ddp clean` sweeps what such a run leaves.
+what exists. Every process the fabric starts lives in the run's PID namespace
+(lifetime.ProcessNamespace), which the kernel ends with the harness, SIGKILL included, and which
+teardown ends before any network namespace loses its name. SIGKILL leaves the named network
+namespaces (empty): `netsim-ddp clean` sweeps them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from . import delayline, naming, netns, privilege
 from .capabilities import probe_capabilities
 from .delayline.health import ForwarderMonitor
 from .errors import FabricError
+from .lifetime import ProcessNamespace
 from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
 
 # Where per-run subnets are drawn from when the scenario names none.
@@ -70,11 +74,9 @@ class Node:
         return netns.entered(self.netns)
 
     def popen(self, argv: Sequence[str], **kwargs) -> subprocess.Popen:
-        """Start a process inside this node (its network is the node's eth0 and lo)."""
-        with self.entered():
-            process = subprocess.Popen(list(argv), **kwargs)
-        self._fabric._processes.append(process)
-        return process
+        """Start a process inside this node (its network is the node's eth0 and lo), in the
+        run's PID namespace: it cannot outlive the run (see lifetime.py)."""
+        return self._fabric._popen(argv, self.netns, **kwargs)
 
     def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
         """A socket that lives in this node's namespace, usable from any thread."""
@@ -93,6 +95,7 @@ class Fabric:
         self._stack: contextlib.ExitStack | None = None
         self._iproutes: dict[str, IPRoute] = {}
         self._processes: list[subprocess.Popen] = []
+        self._pid_namespace: ProcessNamespace | None = None
         self.delay_line_stats: dict[str, dict[str, object]] = {}  # filled when it closes
         self.delay_lines: dict[str, ForwarderMonitor] = {}  # kept after close: their counters
 
@@ -110,6 +113,8 @@ class Fabric:
             for name in plan.namespaces:
                 netns.create(name)
                 stack.callback(netns.remove, name)
+            # Ended before the names go, so no process is left in an unnamed namespace.
+            self._pid_namespace = stack.enter_context(ProcessNamespace(self.run_id))
             stack.callback(self._stop_processes, plan.namespaces)
             for name in plan.namespaces:
                 with netns.entered(name):
@@ -122,7 +127,8 @@ class Fabric:
                 if node.delay_backend == "delay-line":
                     self._start_delay_line(stack, node, rt_priority=10 if mode == "root" else 0)
         except BaseException:
-            stack.close()
+            with _signals_deferred():
+                stack.close()
             raise
         self.plan = plan
         self.nodes = [Node(self, node) for node in plan.nodes]
@@ -136,7 +142,8 @@ class Fabric:
         stack, self._stack = self._stack, None
         self._iproutes.clear()
         if stack is not None:
-            stack.close()
+            with _signals_deferred():
+                stack.close()
 
     # -- building ---------------------------------------------------------------------------
 
@@ -212,10 +219,8 @@ class Fabric:
             loss_pct=link.loss, seed=node.index + 1,
             queue_bytes=delayline.queue_bytes_for(link.rate, link.delay, link.jitter))
         argv = delayline.command(spec, DELAY_IN, DELAY_OUT, rt_priority=rt_priority)
-        with netns.entered(node.delay_netns):
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
-        self._processes.append(process)
+        process = self._popen(argv, node.delay_netns, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
         stack.callback(self._stop_delay_line, node.name)
         delayline.wait_ready(process)
         self.delay_lines[node.name] = ForwarderMonitor(node.name, process)
@@ -303,6 +308,13 @@ class Fabric:
             raise FabricError("the fabric is not built; use it inside `with Fabric(scenario):`")
         return self.plan
 
+    def _popen(self, argv: Sequence[str], namespace: str, **kwargs) -> subprocess.Popen:
+        if self._pid_namespace is None:
+            raise FabricError("the fabric is not built; use it inside `with Fabric(scenario):`")
+        process = self._pid_namespace.popen(argv, namespace, **kwargs)
+        self._processes.append(process)
+        return process
+
     def _stop_processes(self, namespaces: list[str]) -> None:
         """Terminate what was started in the nodes, then kill whatever still lives there."""
         for process in self._processes:
@@ -373,6 +385,32 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
             if dst and route["dst_len"] > 0:
                 networks.append(ipaddress.IPv4Network(f"{dst}/{route['dst_len']}", strict=False))
     return networks
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Teardown runs to its end: a second Ctrl-C (or SIGTERM, SIGHUP) meanwhile is held back
+    and raised once everything is removed, instead of cutting teardown short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def defer(signum, _frame):
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, defer)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is defer:  # else teardown restored its own (_signals_raise)
+                signal.signal(sig, handler)
+    if received:
+        if received[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + received[0])
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@
 As root, namespaces are named under /run/netns (so `ip netns` shows them) and the host's own
 namespace is only ever read. Without root, the process moves itself into a new user, mount and
 network namespace where it is root: everything it creates lives and dies inside, and names go to
-a private directory. This must happen while the process has one thread (a kernel rule for
-CLONE_NEWUSER), so the CLI and the pytest plugin call it first thing.
+a private directory. Its run locks go to the user's own shared folder (naming.user_lock_dir), so
+`clean` and other runs of that user can tell its runs live or dead. This must happen while the
+process has one thread (a kernel rule for CLONE_NEWUSER), so the CLI and the pytest plugin call
+it first thing.
 """
 
 from __future__ import annotations
@@ -75,6 +77,5 @@ def _enter_user_namespace() -> None:
     private = Path(tempfile.mkdtemp(prefix="netsim-ddp-"))
     atexit.register(shutil.rmtree, private, ignore_errors=True)
     (private / "netns").mkdir()
-    (private / "locks").mkdir()
     netns.set_netns_dir(private / "netns", private=True)
-    naming.set_lock_dir(private / "locks")
+    naming.set_lock_dir(naming.user_lock_dir(uid))

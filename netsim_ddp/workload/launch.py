@@ -73,7 +73,7 @@ def torchrun_argv(
 ) -> list[str]:
     """The command line for one node's torchrun."""
     argv = [
-        python, "-m", "torch.distributed.run",
+        python, "-P", "-m", "torch.distributed.run",  # -P: never import from the cwd
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(nproc_per_node),
         "--node-rank", str(node_rank),
@@ -101,6 +101,9 @@ def rank_env(socket_ifname: str | None, extra: Mapping[str, str] | None = None) 
     )
     env["OMP_NUM_THREADS"] = "1"  # ranks share the host's cores; torchrun would set it anyway
     env["PYTHONUNBUFFERED"] = "1"  # so a crashing rank's last words reach the log
+    # torchrun starts the ranks with `python -m`: never import from the working directory (a
+    # json.py where someone runs `sudo netsim-ddp run` would run as root in every rank).
+    env["PYTHONSAFEPATH"] = "1"
     if socket_ifname is not None:
         env["GLOO_SOCKET_IFNAME"] = socket_ifname
     return env
@@ -129,6 +132,9 @@ def launch(
     if not nodes:
         raise ValueError("launch needs at least one node")
     out = Path(out_dir).resolve()
+    if out.is_dir() and any(out.iterdir()):  # an earlier run's results or error files
+        raise ValueError(f"launch needs a fresh folder of its own, and {out} is not empty: an "
+                         "earlier run's results and error files would pass for this run's")
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"

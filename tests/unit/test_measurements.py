@@ -140,8 +140,8 @@ def _traffic_with(tmp_path: Path, ends: list[tuple[str, str, str | None]]) -> Ba
     traffic._reports = tmp_path
     for index, (role, script, report) in enumerate(ends):
         path = tmp_path / f"{index}.json"
-        if report is not None:
-            path.write_text(report)
+        if report is not None:  # the ends' report format: their series, the windows followed
+            path.write_text(f'{{"points": {report}, "windows": null}}')
         with open(path.with_suffix(".err"), "wb") as stderr:
             process = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
         traffic._running.append((role, process, path))

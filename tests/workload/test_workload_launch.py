@@ -99,7 +99,7 @@ def test_torchrun_command_line() -> None:
         nnodes=3, nproc_per_node=2, node_rank=1, master_addr="10.0.0.1", master_port=29555,
         spec_path="/s.json", out_dir="/o", log_dir="/l", profile_dir="/p",
     )  # fmt: skip
-    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert argv[:4] == [sys.executable, "-P", "-m", "torch.distributed.run"]
     text = " ".join(argv)
     for piece in ("--nnodes 3", "--nproc-per-node 2", "--node-rank 1", "--rdzv-backend static",
                   "--master-addr 10.0.0.1", "--master-port 29555", "--max-restarts 0",

@@ -1,0 +1,134 @@
+"""Each run owns its files, and its lock proves it alive (no namespaces, no processes)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
+from netsim_ddp.runner import run_folder
+from netsim_ddp.workload import RankSpec, launch
+from netsim_ddp.workload.config import WorkloadConfig
+
+
+@pytest.fixture
+def lock_dir(tmp_path, monkeypatch):
+    directory = tmp_path / "locks"
+    monkeypatch.setattr(naming, "_lock_dir", directory)
+    return directory
+
+
+def test_a_lock_taken_on_a_file_unlinked_meanwhile_is_taken_again(lock_dir, monkeypatch):
+    # The race: a run opens its lock file; before it flocks, `clean` (holding the flock of
+    # that file, since the run is not yet holding it) unlinks it as an orphan. The run then
+    # flocks a file nobody can find: the next `clean` would create a new file, lock it, and
+    # take the live run for dead. The hook puts clean's move exactly into that gap.
+    run = naming.RunLock("abc123")
+    cleaner = naming.RunLock("abc123")
+    interleaved = []
+
+    def clean_in_the_gap():
+        if not interleaved:
+            interleaved.append(True)
+            assert cleaner.acquire(wait=False)  # nobody holds it yet: an "orphan"
+            cleaner.release(remove=True)
+
+    monkeypatch.setattr(naming, "_between_open_and_flock", clean_in_the_gap)
+    assert run.acquire(wait=False)
+    monkeypatch.setattr(naming, "_between_open_and_flock", lambda: None)
+    assert interleaved
+    held, at_path = os.fstat(run.fd), os.stat(run.path)
+    assert (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+    # ...so the run is provably alive to anyone who looks now.
+    assert not naming.RunLock("abc123").acquire(wait=False)
+    assert naming.is_live("abc123")
+    run.release()
+    assert not naming.is_live("abc123")
+
+
+def test_liveness_probe_writes_nothing(lock_dir):
+    assert not naming.is_live("abc123")
+    assert not lock_dir.exists()  # no folder, no file made just to look
+    run = naming.RunLock("abc123")
+    assert run.acquire()
+    before = sorted(os.listdir(lock_dir))
+    assert naming.is_live("abc123")
+    assert sorted(os.listdir(lock_dir)) == before
+    run.release()
+    assert os.listdir(lock_dir) == []
+
+
+def test_a_lock_folder_that_is_not_safely_ours_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "netsim-ddp-1000"
+    link.symlink_to(elsewhere)
+    with pytest.raises(naming.LockDirError, match="symlink"):
+        naming.RunLock("abc123", directory=link).acquire()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(naming.LockDirError, match="remove it"):
+        naming.RunLock("abc123", directory=shared).acquire()
+    assert list(elsewhere.iterdir()) == [] and list(shared.iterdir()) == []
+
+
+def test_every_run_gets_a_fresh_folder_and_latest_points_at_it(tmp_path):
+    first = run_folder(tmp_path, "aaaaaa")
+    (first / "signals").mkdir()
+    (first / "signals" / "start-fp32").touch()
+    second = run_folder(tmp_path, "bbbbbb")
+    assert first != second and list(second.iterdir()) == []
+    assert (tmp_path / "latest").resolve() == second.resolve()
+    with pytest.raises(FileExistsError):
+        run_folder(tmp_path, "bbbbbb")  # never two runs in one folder
+    assert run_folder(None, "cccccc").name.startswith("netsim-ddp-run-cccccc-")
+
+
+def test_background_traffic_refuses_an_earlier_runs_signals(tmp_path):
+    (tmp_path / "start-fp32").touch()
+    with pytest.raises(ValueError, match="earlier run's signals"):
+        BackgroundTraffic(None, [], signals=tmp_path)
+
+
+def test_launch_refuses_a_folder_holding_an_earlier_runs_files(tmp_path):
+    (tmp_path / "logs" / "n0").mkdir(parents=True)
+    (tmp_path / "logs" / "n0" / "error.json").write_text("{}")
+
+    class NeverStarted:
+        name, address = "n0", "127.0.0.1"
+
+        def popen(self, argv, **kwargs):
+            raise AssertionError("launch started a process in a used folder")
+
+    spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"]))
+    with pytest.raises(ValueError, match="not empty"):
+        launch([NeverStarted()], spec, tmp_path, 10)
+
+
+def bytes_with(windows):
+    return BackgroundBytes(series=((),), windows=(("sender in n1", tuple(windows)),))
+
+
+def test_a_sender_that_followed_the_window_passes():
+    assert bytes_with([("fp32", 10.001, 12.0)]).missed_window("fp32", 10.0, 11.9) == []
+
+
+@pytest.mark.parametrize("windows, reason", [
+    ([], "never saw the window start"),
+    ([("amp", 10.001, 12.0)], "never saw the window start"),
+    ([("fp32", 2.0, 2.001)], "-8.000 s from its start"),  # a replayed, stale start file
+    ([("fp32", 12.5, 13.0)], "outside the 1.900 s window"),  # starved past the window
+])
+def test_a_sender_that_missed_the_window_is_named(windows, reason):
+    (problem,) = bytes_with(windows).missed_window("fp32", 10.0, 11.9)
+    assert problem.startswith("the sender in n1") and reason in problem
+
+
+def test_senders_without_signals_are_not_judged():
+    assert BackgroundBytes(series=((),)).missed_window("fp32", 10.0, 11.9) == []
+
+
+def test_rootless_locks_live_in_the_users_own_folder():
+    assert naming.user_lock_dir(1000) == Path(naming.tempfile.gettempdir()) / "netsim-ddp-1000"
