@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .crossing import CrossingVerdict, expected_cross_node
 from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic
 from .fabric.fidelity import expected_goodput
@@ -242,9 +243,11 @@ def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
 def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                  iterations: int | None = None, profile: bool = False,
                  allow_untrusted: bool = False, timeout_s: float | None = None,
-                 progress: Progress = lambda message: None) -> ScenarioReport:
+                 progress: Progress = lambda message: None,
+                 on_built: Callable[[Fabric], None] | None = None) -> ScenarioReport:
     """Build the scenario's network, probe it, train every mode on it; everything is removed
-    before this returns, whatever happens."""
+    before this returns, whatever happens. `on_built(fabric)` runs once the network exists,
+    before anything runs in it (to add your own kernel objects: routes, extra links)."""
     workload = scenario.workload
     if workload is None:
         raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
@@ -258,7 +261,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
     fabric = Fabric(scenario)
     try:
         trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
-                         timeout_s, progress)
+                         timeout_s, progress, on_built)
     finally:  # the delay line's counters are final once the fabric is gone
         report.delay_line_stats = fabric.delay_line_stats
     if trained is None:
@@ -269,6 +272,7 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps)
     report.checks.extend(wire_ratio_checks(report.modes))
+    report.checks.extend(crossing_checks(scenario, report.modes))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
                     else default_expectations(list(report.modes))
@@ -279,12 +283,15 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
 
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
            profile: bool, allow_untrusted: bool, timeout_s: float | None,
-           progress: Progress) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+           progress: Progress, on_built: Callable[[Fabric], None] | None = None,
+           ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """Inside the built fabric: the probe, then every mode. None if the probe refused."""
     link_bps, _ = slowest_link_goodput(scenario)
     with fabric:
         report.run_id = fabric.run_id
         report.delay_backends = fabric.delay_backends
+        if on_built is not None:
+            on_built(fabric)
         if scenario.fidelity.enabled and len(fabric.nodes) > 1:
             progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
             report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
@@ -322,6 +329,23 @@ def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
                 f"wire-bytes:{mode}/{reference}", ok,
                 f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
                 f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
+    return checks
+
+
+def crossing_checks(scenario: Scenario, modes: dict[str, ModeReport]) -> list[Verdict]:
+    """Per mode: did its all-reduces cross the shaped links, as many bytes as they should?
+    (netsim_ddp.crossing). Nothing to check with one node: no link carries the collectives."""
+    topology = scenario.topology
+    if topology.nodes < 2:
+        return []
+    checks = []
+    for name, mode in modes.items():
+        result = mode.result
+        expectation = expected_cross_node(result.backend, topology.nodes,
+                                          topology.ranks_per_node,
+                                          result.sent_bytes_per_iteration, scenario.link.mtu)
+        verdict = CrossingVerdict(name, expectation, mode.wire_bytes_per_iteration)
+        checks.append(Verdict(f"crossed:{name}", verdict.passed, verdict.detail))
     return checks
 
 
