@@ -123,8 +123,10 @@ def schema() -> None:
 
 @main.command()
 @click.argument("file")
-def plan(file: str) -> None:
-    """Show the network a scenario builds, without building it."""
+@click.option("--gpus", type=click.IntRange(min=0), default=None,
+              help="Plan the ranks for a host with this many GPUs (default: this host's).")
+def plan(file: str, gpus: int | None) -> None:
+    """Show the network a scenario builds and where its ranks run, without building it."""
     import ipaddress
 
     from .fabric import FabricError
@@ -151,6 +153,44 @@ def plan(file: str) -> None:
                       format_size(link.queue_limit_bytes),
                       " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
     out.print(table)
+    if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
+        sys.exit(EXIT_FAILED)
+
+
+def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
+    """The ranks: backend, each rank's device, each node's NCCL environment. False if this
+    host (or one with `gpus` GPUs) would refuse the scenario."""
+    from .gpus import GpuInventory, probe_gpus
+    from .placement import place
+
+    assert scenario.workload is not None
+    inventory = probe_gpus()
+    if gpus is not None:  # a GPU host as the user describes it, with NCCL
+        inventory = GpuInventory(gpus, missing=None if gpus else "no GPUs (--gpus 0)")
+    placement = place(scenario.workload, scenario.topology, inventory)
+    where = f"a host with {gpus} GPUs" if gpus is not None else "this host"
+    if placement.refused:
+        out.print(f"ranks: {escape(placement.describe())}", soft_wrap=True)
+        if gpus is None:
+            out.print("(plan for a GPU host with --gpus N)")
+        return False
+    out.print(f"ranks on {where}: {escape(placement.describe())}", soft_wrap=True)
+    table = Table()
+    for column in ("node", "local rank", "rank", "device"):
+        table.add_column(column)
+    per_node = scenario.topology.ranks_per_node
+    for node in fabric_plan.nodes:
+        for local in range(per_node):
+            device = (f"cuda:{placement.gpus.devices[node.index][local]}" if placement.gpus
+                      else "cpu")
+            table.add_row(node.name, str(local), str(node.index * per_node + local), device)
+    out.print(table)
+    envs = placement.node_env("<run>", [node.name for node in fabric_plan.nodes])
+    for node, env in zip(fabric_plan.nodes, envs, strict=True):
+        if env:
+            out.print(f"{node.name} env: " + " ".join(f"{k}={v}" for k, v in env.items()),
+                      soft_wrap=True)
+    return True
 
 
 @main.command()

@@ -21,6 +21,7 @@ from .fabric.fidelity import expected_goodput
 from .gate import Verdict, default_expectations, evaluate
 from .hostload import CpuLoad, CpuTimes
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
+from .placement import Placement, place
 from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError, launch
 from .workload.collective import (
@@ -30,6 +31,7 @@ from .workload.collective import (
     read_probe,
 )
 from .workload.modes import get_mode
+from .workload.nccl import TransportEvidence, rank_log_lines, verify_transport
 from .workload.window import NODE_ENV, SIGNAL_DIR_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
@@ -195,6 +197,8 @@ class ScenarioReport:
     delay_backends: dict[str, str | None] = field(default_factory=dict)
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
+    placement: Placement | None = None  # backend, each rank's GPU, per-node environment
+    transport: TransportEvidence | None = None  # NCCL's own account of its links (NCCL only)
 
     @property
     def status(self) -> str:
@@ -221,6 +225,8 @@ class ScenarioReport:
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
                         "delay_line": self.delay_line_stats},
+            "placement": self.placement.as_dict() if self.placement else None,
+            "transport": self.transport.as_dict() if self.transport else None,
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
             "checks": [check.as_dict() for check in self.checks],
             "scenario": self.scenario.model_dump(mode="json"),
@@ -254,8 +260,13 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                          "add a [workload] section (see README)")
     if iterations is not None:
         workload = workload.model_copy(update={"iterations": iterations})
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
     report = ScenarioReport(scenario)
+    report.placement = place(workload, scenario.topology)
+    if report.placement.refused:  # before any network is built: this host cannot run it
+        report.refused = report.placement.refused
+        return report
+    workload = workload.model_copy(update={"backend": report.placement.backend})
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="netsim-ddp-run-"))
     link_bps, _ = slowest_link_goodput(scenario)
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
     fabric = Fabric(scenario)
@@ -292,15 +303,26 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         report.delay_backends = fabric.delay_backends
         if on_built is not None:
             on_built(fabric)
-        if scenario.fidelity.enabled and len(fabric.nodes) > 1:
+        placement = report.placement or place(workload, scenario.topology)
+        node_env = placement.node_env(fabric.run_id, [node.name for node in fabric.nodes])
+        nccl = placement.backend == "nccl" and len(fabric.nodes) > 1
+        # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport
+        # between nodes, which must be verified before anything is measured.
+        if (scenario.fidelity.enabled or nccl) and len(fabric.nodes) > 1:
             progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
-            report.fidelity = _probe_collective(fabric, scenario, workload.params, out / "probe",
-                                                timeout_s, progress)
-            trusted = report.fidelity.trusted
-            report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
-            if not trusted and not allow_untrusted:
-                report.refused = report.fidelity.reason
+            fidelity = _probe_collective(
+                fabric, scenario, workload.params, out / "probe", timeout_s, progress,
+                workload=workload, node_env=node_env,
+                attempts=None if scenario.fidelity.enabled else 1)
+            if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
                 return None
+            if scenario.fidelity.enabled:
+                report.fidelity = fidelity
+                trusted = fidelity.trusted
+                report.checks.append(Verdict("fidelity", trusted, fidelity.reason))
+                if not trusted and not allow_untrusted:
+                    report.refused = fidelity.reason
+                    return None
         progress(f"{scenario.name}: training {', '.join(workload.modes)} "
                  f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
         signals = out / "signals"
@@ -311,9 +333,25 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             results = launch(fabric.nodes, spec, out / "train",
                              timeout_s or _training_timeout(scenario, workload, link_bps),
                              ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
-                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)})
+                             env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
+                             node_env=node_env)
             report.host_load = CpuLoad.between(before, CpuTimes.read())
-            return results, traffic.stop()
+            background = traffic.stop()
+        if nccl and not _transport_verified(report, scenario, out / "train"):
+            return None
+        return results, background
+
+
+def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path) -> bool:
+    """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0? If not, the run
+    is refused with the lines that show what it did instead."""
+    report.transport = verify_transport(rank_log_lines(launch_out / "logs"),
+                                        scenario.topology.nodes, scenario.topology.ranks_per_node)
+    if not report.transport.ok:
+        report.refused = ("NCCL did not use the emulated network between nodes, so its numbers "
+                          f"would not measure it: {report.transport.summary()} (rank logs in "
+                          f"{launch_out / 'logs'})")
+    return report.transport.ok
 
 
 def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
@@ -361,25 +399,30 @@ def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[floa
 
 
 def _probe_collective(fabric: Fabric, scenario: Scenario, params: int, out: Path,
-                      timeout_s: float | None, progress: Progress) -> CollectiveFidelity:
-    """Attempt after attempt until one reaches fidelity.min_fraction or none are left."""
-    assert scenario.workload is not None  # only a training scenario is probed
+                      timeout_s: float | None, progress: Progress, *, workload=None,
+                      node_env: list[dict[str, str]] | None = None,
+                      attempts: int | None = None) -> CollectiveFidelity:
+    """Attempt after attempt until one reaches fidelity.min_fraction or none are left.
+    `workload`: with the backend resolved (default: the scenario's)."""
+    workload = workload or scenario.workload
+    assert workload is not None  # only a training scenario is probed
     size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in scenario.workload.modes))
+    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
     probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": dtypes})
-    spec = RankSpec(workload=scenario.workload, modes=[], allreduce_probe=probe)
+    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probe)
     _, goodput = slowest_link_goodput(scenario)
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
     ideal = ring_allreduce_lower_bound(size, world, goodput)
     fidelity = CollectiveFidelity(size, world, [], goodput, scenario.fidelity.min_fraction)
-    for attempt in range(scenario.fidelity.attempts):
+    attempts = attempts or scenario.fidelity.attempts
+    for attempt in range(attempts):
         if attempt:
             progress(f"{scenario.name}: all-reduce probe attempt {attempt + 1} of "
-                     f"{scenario.fidelity.attempts} (so far {fidelity.fraction:.0%} of the link)")
+                     f"{attempts} (so far {fidelity.fraction:.0%} of the link)")
         attempt_out = out / f"attempt{attempt}"
         launch(fabric.nodes, spec, attempt_out,
                timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
-               ranks_per_node=scenario.topology.ranks_per_node)
+               ranks_per_node=scenario.topology.ranks_per_node, node_env=node_env)
         results = read_probe(attempt_out)
         by_dtype: dict[str, float] = {r.dtype: summarize(busbw_samples(r)).median for r in results}
         fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
