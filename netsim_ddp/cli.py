@@ -66,9 +66,11 @@ def main() -> None:
 def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
     from .fabric.capabilities import probe_capabilities, torch_status
+    from .gpus import probe_gpus
 
     caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
     torch_info = torch_status()
+    gpus = probe_gpus()
     table = Table(title="netsim-ddp check", show_header=True)
     table.add_column("capability")
     table.add_column("status")
@@ -86,7 +88,12 @@ def check(json_out: str | None) -> None:
         ("clsact", caps.clsact, "(optional) classifiers"),
         ("torch", torch_info["torch"] or False, "DDP workloads"),
         ("gloo", torch_info["gloo"], "CPU collectives"),
-        ("nccl + GPUs", torch_info["nccl"], f"GPU collectives ({torch_info['cuda_devices']} GPUs)"),
+        ("GPUs", gpus.count if gpus.count else False,
+         ", ".join(gpus.names) or "ranks on GPUs (backend nccl)"),
+        ("NCCL", gpus.nccl or False, "GPU collectives"),
+        ("NCCL path", gpus.nccl_usable and caps.can_build,
+         "NCCL over the emulated links" if gpus.nccl_usable and caps.can_build
+         else f"not here: {gpus.missing or 'no emulated network can be built'}"),
     ]
     for name, status, use in rows:
         shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
@@ -101,7 +108,9 @@ def check(json_out: str | None) -> None:
             if caps.delay_line else
             f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
             "scenarios with delay, jitter or loss cannot run here")
-    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info})
+    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
+                           "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
+                                                     and caps.can_build}})
     sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
 
 
