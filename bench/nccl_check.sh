@@ -39,18 +39,30 @@ else
     # The venv sees the host's packages, so the host's CUDA torch satisfies netsim-ddp's
     # torch range and pip never tries to fetch one.
     python=${PYTHON:-python3}
-    say "installing netsim-ddp from $WHEELS/ onto $("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
-    "$python" -m venv --system-site-packages .venv-gpu
-    PY=.venv-gpu/bin/python
+    if ! host=$("$python" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'); then
+        echo "STOP: $python cannot import torch; this check runs on the host's own CUDA build of torch" >&2
+        exit 1
+    fi
+    say "installing netsim-ddp from $WHEELS/ onto Python $host"
     project=$(ls "$WHEELS"/netsim_ddp-*.whl 2>/dev/null | tail -n 1 || true)
     if [[ -z "$project" ]]; then
         echo "no netsim_ddp wheel in $WHEELS/ (pip wheel --no-deps -w $WHEELS/ .); see the top of $0" >&2
         exit 2
     fi
-    "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps "$project"
-    # What is already on the host (torch, numpy...) satisfies these; the rest comes from wheels.
-    "$PY" -m pip install -q --no-index --find-links "$WHEELS" \
-        "pyroute2>=0.9.7,<0.10" "pydantic>=2.6,<3" "click>=8.1" "rich>=13" numpy scipy
+    deps=("pyroute2>=0.9.7,<0.10" "pydantic>=2.6,<3" "click>=8.1" "rich>=13" numpy scipy)
+    if "$python" -m venv --system-site-packages .venv-gpu 2>/dev/null; then
+        PY=.venv-gpu/bin/python
+        target=()
+    else  # no venv/ensurepip on the host: a plain folder on PYTHONPATH (the ranks inherit it)
+        say "python -m venv is unavailable here: installing into .nsd-site/ instead"
+        PY=$python
+        target=(--target .nsd-site)
+        export PYTHONPATH="$PWD/.nsd-site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps "${target[@]}" "$project"
+    # What the host has (torch, numpy...) satisfies these in a venv; the rest comes from wheels.
+    # pip then notes that matplotlib is missing: expected, only `netsim-ddp report` needs it.
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${target[@]}" "${deps[@]}"
 fi
 
 say "netsim-ddp check"

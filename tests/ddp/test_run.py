@@ -101,8 +101,12 @@ def test_ranks_sharing_a_nic_and_background_traffic_are_accounted():
     # cores with 6 iterations are too noisy to judge it every time).
     checks = {check.name: check for check in report.checks}
     assert checks["fidelity"].passed and checks["wire-bytes:amp-fp16/fp32"].passed, checks
-    # gloo's flat ring over 4 ranks crosses between the nodes twice; intra-node hops stay on lo
+    # gloo's flat ring over 4 ranks crosses between the nodes twice, each hop 2(W-1)/W x S:
+    # 3 S in all; the hops inside a node go to the node's own address, over lo, unshaped
     assert checks["crossed:fp32"].passed and checks["crossed:amp-fp16"].passed, checks
+    for mode in (report.modes["fp32"], report.modes["amp-fp16"]):
+        expected = 3 * mode.result.sent_bytes_per_iteration * HEADERS
+        assert mode.wire_bytes_per_iteration == pytest.approx(expected, rel=0.05)
     fp32, fp16 = report.modes["fp32"], report.modes["amp-fp16"]
     assert fp32.result.world_size == 4
     assert fp32.background_bytes_per_iteration > 0 and fp16.background_bytes_per_iteration > 0
