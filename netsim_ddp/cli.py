@@ -260,20 +260,29 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
               help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
 @click.option("--alpha", type=float, default=0.05, show_default=True,
               help="Significance level of verdicts and regressions.")
+@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
+              help="nccl-tests all_reduce_perf output of the target cluster: sweeps project "
+                   "from it (overrides [sweep.projection] calibration).")
 def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         out_dir: str | None, profile: bool, allow_untrusted: bool, timeout_s: float | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
-        alpha: float) -> None:
+        alpha: float, calibration: str | None) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
     from .report import mode_table, sweep_tables
     from .session import NetsimSession, SessionOptionError, steal_warning
+    from .sweep import CalibrationError, load_calibration
 
     scenarios = _load_all(files)
     for scenario in scenarios:
         if scenario.workload is None:
             _fail(f"{scenario.path}: workload: required to run training; add a [workload] "
                   "section (see README)", EXIT_BAD_INPUT)
+        if scenario.sweep is not None:  # a bad calibration fails now, not after the sweep
+            try:
+                load_calibration(scenario, scenario.sweep, calibration)
+            except CalibrationError as exc:
+                _fail(str(exc), EXIT_BAD_INPUT)
     try:
         session = NetsimSession.create(
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
@@ -290,7 +299,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     for scenario in scenarios:
         if scenario.sweep is not None:
             with err.status("") as status:
-                sweep = session.run_sweep(scenario,
+                sweep = session.run_sweep(scenario, calibration=calibration,
                                           progress=lambda message: status.update(message))
             for renderable in sweep_tables(sweep):
                 human.print(renderable)
@@ -324,15 +333,70 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="report", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the PNGs and the report.")
-def report_command(results: str, out_dir: str) -> None:
+@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
+              help="nccl-tests all_reduce_perf output of the target cluster: project each "
+                   "sweep again from it.")
+def report_command(results: str, out_dir: str, calibration: str | None) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
+    from .calibrate import CalibrationError
+    from .ncclparse import NcclParseError
     from .plots import report
 
     try:
-        path = report(results, out_dir)
+        path = report(results, out_dir, calibration=calibration)
+    except (CalibrationError, NcclParseError) as exc:
+        _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
     except (ValueError, KeyError) as exc:
         _fail(f"{results}: not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the calibration as JSON ('-': stdout).")
+@click.option("--collective", type=click.Choice(["all_reduce", "reduce_scatter", "all_gather"]),
+              help="For output that does not say which test ran.")
+def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None) -> None:
+    """Fit collective time against message size to nccl-tests output (as printed or pasted,
+    or its -J JSON); print per size the measured and modelled time and the error."""
+    from .calibrate import ERROR_FROM_BYTES, CalibrationError, load
+    from .ncclparse import CALIBRATABLE, NcclParseError
+
+    try:
+        found = load(files, collective)
+    except (CalibrationError, NcclParseError) as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    human = _human(json_out)
+    documents = []
+    for calibration in found:
+        document = calibration.as_dict()
+        documents.append(document)
+        table = Table(title=calibration.label, title_justify="left")
+        for column in ("size", "measured us", "modelled us", "error", "held-out error"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for row in document["sizes"]:
+            table.add_row(format_size(row["size"]), f"{row['measured_s'] * 1e6:.1f}",
+                          f"{row['modelled_s'] * 1e6:.1f}", f"{row['error']:+.1%}",
+                          "-" if row["held_out_error"] is None
+                          else f"{row['held_out_error']:+.1%}")
+        table.caption = ("modelled: isotonic + PCHIP through log time vs log size; held-out: "
+                         "the curve fitted without that size, predicting it")
+        human.print(table)
+        line = document["alpha_beta_line"]
+        worst, held = (document["max_abs_error_from_1MiB"],
+                       document["max_abs_held_out_error_from_1MiB"])
+        if worst is not None:
+            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |error| {worst:.1%}"
+                        + (f", held out {held:.1%}" if held is not None else ""))
+        human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
+                    f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
+                    f"to {line['max_abs_error']:.0%}")
+        if calibration.collective != "all_reduce":
+            kind = "fitted" if calibration.collective in CALIBRATABLE else "fitted anyway"
+            human.print(f"[yellow]{calibration.collective}: {kind}; projections use all_reduce "
+                        "only (DDP's collective)[/]")
+    _write_json(json_out, {"calibrations": documents})
 
 
 @main.command()

@@ -48,6 +48,15 @@ MIN_EFFICIENCY = 1e-3  # bounds of the fit; eff above 1 would beat the wire
 MAX_ALPHA_S = 10.0
 PROJECTION_LABEL = ("PROJECTION: computed from a cost model fitted on this host's measurements, "
                     "not measured")
+CALIBRATED_LABEL = ("PROJECTION: all-reduce times from the calibration's nccl-tests measurements, "
+                    "compute, bytes and overlap from this host's; not measured")
+# Past this many times the largest measured world size, the fitted per-hop latency (this host's
+# gloo and kernel stack) drives the projection, so it is shown next to a typical NCCL one.
+HOST_ALPHA_REACH = 8
+# A typical per-hop latency of NCCL over TCP/Ethernet: NCCL's own tuning model counts a network
+# hop at 2.7-14 us by protocol (src/graph/tuning.cc, hwLat NET), for InfiniBand/RoCE; TCP sockets
+# add the kernel's stack. An assumption for comparison, not a measurement.
+TYPICAL_ETHERNET_ALPHA_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -286,9 +295,14 @@ class Projection:
     label: str = PROJECTION_LABEL
     alpha_source: str = ("as fitted here (gloo over emulated links on a CPU host, its "
                          "per-message overheads included)")
+    calibration: dict[str, object] | None = None  # Calibration.as_dict(), when one is used
+    typical_alpha_s: float | None = None  # shown next to the fitted alpha (HOST_ALPHA_REACH)
+    notes: list[str] = field(default_factory=list)
 
     def assumptions(self) -> list[str]:
         m = self.model
+        if self.calibration is not None:
+            return calibrated_assumptions(self.calibration, m.overlap)
         return [
             "one GPU per link, all links at the given rate, one flat ring all-reduce over all "
             "GPUs (no hierarchy, no NVLink inside a server, no tree or in-network reduction)",
@@ -313,16 +327,38 @@ class Projection:
                 "assumptions": self.assumptions(), "alpha_source": self.alpha_source,
                 "compute_s": self.compute_s,
                 "bytes_per_rank": self.bytes_per_rank, "buckets": self.buckets,
-                "rows": self.rows}
+                "calibration": self.calibration, "typical_alpha_s": self.typical_alpha_s,
+                "notes": self.notes, "rows": self.rows}
+
+
+def calibrated_assumptions(calibration: Mapping[str, object], overlap: float) -> list[str]:
+    world, hosts = calibration["world_size"], calibration["hosts"]
+    busbw = float(calibration["busbw_bytes_per_s"])  # type: ignore[arg-type]
+    return [
+        f"all-reduce time per bucket from the calibration ({calibration['collective']} on "
+        f"{world} GPUs, {hosts} hosts; nccl-tests in-place times), interpolated in size only at "
+        f"{world} GPUs",
+        f"beyond {world} GPUs: its latency part carried over the network hops NCCL counts "
+        f"(ring 2(h-1), tree 2 log2(h) for h hosts), its bandwidth at the measured bus "
+        f"bandwidth plateau {busbw * 8 / 1e9:.1f} Gbit/s (tree at 0.92 x busbw / 2, as NCCL's "
+        "tuner); per bucket the faster algorithm, named in each row; NVLink hops inside a "
+        "server taken as free next to network hops",
+        "DDP buckets as measured here, each an equal share of the mode's bytes",
+        f"overlap = {overlap:.2f} of the compute step can hide communication, as fitted here",
+        "compute per GPU does not change with the number of GPUs (weak scaling)",
+    ]
 
 
 def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
             bytes_per_rank: Mapping[str, float], buckets: Mapping[str, int],
             gpus: Sequence[int] = (16, 64, 256, 1024),
             link_bps: Sequence[float] = (10e9, 25e9, 100e9),
-            alpha_s: float | None = None) -> Projection:
+            alpha_s: float | None = None, typical_alpha_s: float | None = None,
+            typical_beyond: int = 0) -> Projection:
     """Scaling efficiency of each mode at each GPU count and link rate, from the model;
-    `alpha_s` replaces the fitted per-hop latency with the target cluster's."""
+    `alpha_s` replaces the fitted per-hop latency with the target cluster's; `typical_alpha_s`
+    adds, to each row past `typical_beyond` GPUs, the step and efficiency with that per-hop
+    latency instead (the side-by-side a projection far past the measured sizes shows)."""
     fitted_alpha = model.alpha_s
     if alpha_s is not None:
         model = replace(model, alpha_s=float(alpha_s))
@@ -340,12 +376,23 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
                 point = StepPoint(mode, n, rate, bytes_per_rank[mode], int(buckets[mode]),
                                   compute[mode])
                 step = model.step_s(point)
-                projection.rows.append({
+                row: dict[str, float | int | str] = {
                     "mode": mode, "gpus": n, "link_bps": rate, "step_s": step,
                     "allreduce_s": model.allreduce_s(point),
                     "exposed_comm_s": model.exposed_comm_s(point),
-                    "efficiency": compute[mode] / step,
-                })
+                    "efficiency": compute[mode] / step, "algorithm": "flat ring",
+                }
+                if typical_alpha_s is not None and n > typical_beyond:
+                    typical = replace(model, alpha_s=typical_alpha_s).step_s(point)
+                    row |= {"step_s_typical_alpha": typical,
+                            "efficiency_typical_alpha": compute[mode] / typical}
+                projection.rows.append(row)
+    if typical_alpha_s is not None:
+        projection.typical_alpha_s = typical_alpha_s
+        projection.alpha_source = (
+            f"as fitted here: THIS HOST'S STACK (gloo, the kernel's TCP over veths on a CPU "
+            f"host), not a cluster's; each row also shows a typical NCCL-over-Ethernet "
+            f"{typical_alpha_s * 1e6:.0f} us per hop")
     return projection
 
 

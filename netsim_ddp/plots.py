@@ -172,26 +172,50 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
     return path
 
 
+ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": ""}
+
+
+def projection_cell(row: dict[str, Any]) -> str:
+    """A projection cell: the efficiency; with a calibration, the algorithm; far past the
+    measured sizes, the efficiency with the fitted and with a typical NCCL per-hop latency."""
+    text = f"{row['efficiency']:.2f}"
+    if "efficiency_typical_alpha" in row:
+        text += f" / {row['efficiency_typical_alpha']:.2f}"
+    algorithm = ALGORITHM_SHORT.get(row.get("algorithm", ""), row.get("algorithm", ""))
+    return f"{text} {algorithm}" if algorithm else text
+
+
 def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     projection = sweep["projection"]
+    calibrated = bool(projection.get("calibration"))
     rows = projection["rows"]
     rates = sorted({row["link_bps"] for row in rows})
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, mode in enumerate(projection["compute_s"]):
         for j, rate in enumerate(rates):
-            cells = sorted((row["gpus"], row["efficiency"]) for row in rows
-                           if row["mode"] == mode and row["link_bps"] == rate)
-            ax.plot([c[0] for c in cells], [c[1] for c in cells],
+            mine = sorted((row for row in rows if row["mode"] == mode and row["link_bps"] == rate),
+                          key=lambda row: row["gpus"])
+            where = "calibrated" if calibrated else f"{rate / 1e9:g} Gbit/s"
+            ax.plot([r["gpus"] for r in mine], [r["efficiency"] for r in mine],
                     RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=_color(mode, i),
-                    label=f"{mode}, {rate / 1e9:g} Gbit/s")
+                    label=f"{mode}, {where}")
+            typical = [r for r in mine if "efficiency_typical_alpha" in r]
+            if typical:
+                ax.plot([r["gpus"] for r in typical],
+                        [r["efficiency_typical_alpha"] for r in typical], "o",
+                        mfc="none", color=_color(mode, i),
+                        label=f"{mode}, {where}, typical NCCL alpha" if j == 0 else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPUs (one per link, flat ring)")
+    ax.set_xlabel("GPUs (ring or tree, as NCCL would pick, from the calibration)" if calibrated
+                  else "GPUs (one per link, flat ring)")
     ax.set_ylabel("projected scaling efficiency")
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title("PROJECTION (cost model fitted here, not measured)", color="#b00000")
+    ax.set_title("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
+                 if calibrated else "PROJECTION (cost model fitted here, not measured)",
+                 color="#b00000")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -268,9 +292,19 @@ def _mode_rows(entry: dict[str, Any]) -> list[list[str]]:
 MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB"]
 
 
-def report(results_json_path: str | Path, out_dir: str | Path) -> Path:
-    """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path."""
+def report(results_json_path: str | Path, out_dir: str | Path,
+           calibration: str | Path | None = None) -> Path:
+    """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
+    `calibration` (nccl-tests output) projects each sweep again from it (calibrate.reproject);
+    it raises calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
     document = json.loads(Path(results_json_path).read_text())
+    if calibration is not None:
+        from .calibrate import load_allreduce, reproject
+
+        calibrated = load_allreduce(calibration)
+        for sweep in document.get("sweeps", []):
+            if sweep.get("projection"):
+                sweep["projection"] = reproject(sweep["projection"], calibrated)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = _Doc()
@@ -357,18 +391,36 @@ def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:
                  + "; ".join(projection["assumptions"]) + ".")
         rates = sorted({row["link_bps"] for row in projection["rows"]})
         gpus = sorted({row["gpus"] for row in projection["rows"]})
+        calibrated = projection.get("calibration")
         rows = []
         for mode, compute in projection["compute_s"].items():
             for rate in rates:
-                cells = {row["gpus"]: row["efficiency"] for row in projection["rows"]
+                cells = {row["gpus"]: row for row in projection["rows"]
                          if row["mode"] == mode and row["link_bps"] == rate}
-                rows.append([mode, f"{compute * 1e3:.1f}", f"{rate / 1e9:g}"]
-                            + [f"{cells[n]:.2f}" for n in gpus])
+                rows.append([mode, f"{compute * 1e3:.1f}",
+                             "calibrated" if calibrated else f"{rate / 1e9:g}"]
+                            + [projection_cell(cells[n]) for n in gpus])
         doc.table(["mode", "compute ms", "Gbit/s"] + [f"{n} GPUs" for n in gpus], rows)
+        for note in projection.get("notes", []):
+            doc.para(f"Note: {note}")
+        if calibrated:
+            _calibration_table(doc, calibrated)
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
     for note in sweep.get("notes", []):
         doc.para(f"Note: {note}")
+
+
+def _calibration_table(doc: _Doc, calibration: dict[str, Any]) -> None:
+    doc.para(f"Calibration: {calibration['collective']} on {calibration['world_size']} GPUs "
+             f"({calibration['hosts']} hosts), {', '.join(calibration['sources'])}; "
+             f"{calibration['method']}. Per size, measured and modelled time, and the error of "
+             "the curve fitted without that size (held out).")
+    doc.table(["size B", "measured us", "modelled us", "error", "held-out error"],
+              [[str(r["size"]), f"{r['measured_s'] * 1e6:.1f}", f"{r['modelled_s'] * 1e6:.1f}",
+                f"{r['error']:+.1%}",
+                "-" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}"]
+               for r in calibration["sizes"]])
 
 
 def _measured_with_interval(held: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from .plots import projection_cell
 from .runner import ScenarioReport
 from .units import format_rate
 
@@ -73,18 +74,33 @@ def sweep_tables(sweep) -> list[object]:
         out.append(f"held-out prediction of the largest points: {errors} "
                    f"(target within {sweep.holdout.target:.0%}: {sweep.holdout.verdict})")
     if sweep.projection is not None:
-        projection = sweep.projection
-        table = Table(title=projection.label, title_justify="left")
-        gpus = sorted({row["gpus"] for row in projection.rows})
-        table.add_column("mode")
-        table.add_column("link", justify="right")
-        for count in gpus:
-            table.add_column(f"{count} GPUs", justify="right")
-        for mode in dict.fromkeys(row["mode"] for row in projection.rows):
-            for link in sorted({row["link_bps"] for row in projection.rows}):
-                table.add_row(mode, format_rate(link),
-                              *(f"{projection.efficiency(mode, count, link):.2f}"
-                                for count in gpus))
-        out.append(table)
+        out.append(projection_table(sweep.projection.as_dict()))
+        out.extend(f"note: {note}" for note in sweep.projection.notes)
     out.extend(f"note: {note}" for note in sweep.notes)
     return out
+
+
+def projection_table(projection: dict) -> Table:
+    """Projection.as_dict() as a table: a row per mode and link rate (one per mode with a
+    calibration: its link is the calibrated cluster's), a column per GPU count."""
+    rows = projection["rows"]
+    table = Table(title=projection["label"], title_justify="left")
+    gpus = sorted({row["gpus"] for row in rows})
+    table.add_column("mode")
+    table.add_column("link", justify="right")
+    for count in gpus:
+        table.add_column(f"{count} GPUs", justify="right")
+    cells = {(row["mode"], row["link_bps"], row["gpus"]): row for row in rows}
+    for mode in dict.fromkeys(row["mode"] for row in rows):
+        for link in sorted({row["link_bps"] for row in rows}):
+            shown = "calibrated" if projection.get("calibration") else format_rate(link)
+            table.add_row(mode, shown, *(projection_cell(cells[mode, link, count])
+                                         for count in gpus))
+    if projection.get("calibration"):
+        table.caption = ("scaling efficiency and the all-reduce algorithm: cal = the "
+                         "calibration's measured curve at its world size; ring/tree beyond it")
+    elif projection.get("typical_alpha_s"):
+        table.caption = (f"a / b: efficiency with the per-hop latency fitted here / with a "
+                         f"typical NCCL-over-Ethernet {projection['typical_alpha_s'] * 1e6:.0f} "
+                         "us (see the note)")
+    return table

@@ -12,6 +12,7 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
     gpus = [16, 64, 256, 1024]
     rates = ["10gbit", "25gbit", "100gbit"]
     compute = "120ms"                # your GPU's step time; default: the compute measured here
+    calibration = "allreduce.txt"    # nccl-tests output of your cluster (netsim_ddp.calibrate)
 
 The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a
 top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode:
@@ -29,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .calibrate import Calibration, CalibrationError, calibrated_projection, load_allreduce
 from .costmodel import (
+    HOST_ALPHA_REACH,
     PROJECTION_LABEL,
+    TYPICAL_ETHERNET_ALPHA_S,
     FitError,
     FitResult,
     HoldoutResult,
@@ -41,6 +45,7 @@ from .costmodel import (
     project,
 )
 from .hostload import STEAL_NOTICEABLE, max_steal
+from .ncclparse import NcclParseError
 from .runner import ScenarioReport, run_scenario, slowest_link_goodput
 from .scenario import Scenario
 from .sweepconfig import ProjectionConfig, SweepConfig
@@ -142,6 +147,7 @@ class SweepReport:
     projection: Projection | None = None
     notes: list[str] = field(default_factory=list)  # why a fit, hold-out or projection is absent
     seconds: float = 0.0
+    calibration: Calibration | None = None  # nccl-tests all-reduce times the projection uses
 
     @property
     def status(self) -> str:
@@ -204,13 +210,35 @@ class SweepReport:
         }
 
 
+def load_calibration(scenario: Scenario, config: SweepConfig,
+                     override: str | Path | None = None) -> Calibration | None:
+    """The sweep's calibration: `override` (a command-line path) or the file named by
+    [sweep.projection] calibration, relative to the scenario file. Raises CalibrationError
+    naming the file and the field."""
+    if override is not None:
+        path, field_name = Path(override), "--calibration"
+    elif config.projection.calibration is not None:
+        base = scenario.path.parent if scenario.path else Path.cwd()
+        path = base / config.projection.calibration
+        field_name = f"{scenario.path}: sweep.projection.calibration"
+    else:
+        return None
+    try:
+        return load_allreduce(path)
+    except (CalibrationError, NcclParseError) as exc:
+        raise CalibrationError(f"{field_name}: {exc}") from None
+
+
 def run_sweep(scenario: Scenario, config: SweepConfig, *, iterations: int | None = None,
               out_dir: Path | None = None, allow_untrusted: bool = False,
               timeout_s: float | None = None, progress: Progress = lambda message: None,
-              runner: RunScenario = run_scenario) -> SweepReport:
-    """Run every point of the sweep, then fit, check and project (see the module doc)."""
+              runner: RunScenario = run_scenario,
+              calibration: str | Path | None = None) -> SweepReport:
+    """Run every point of the sweep, then fit, check and project (see the module doc);
+    `calibration` (nccl-tests output) replaces the file the sweep's projection names."""
     started = time.monotonic()
-    report = SweepReport(scenario, config)
+    report = SweepReport(scenario, config,
+                         calibration=load_calibration(scenario, config, calibration))
     for index, values in enumerate(config.points()):
         at = point_scenario(scenario, values)
         progress(f"{scenario.name}: point {index + 1}: {point_label(values)}")
@@ -298,10 +326,33 @@ def _project(report: SweepReport, usable: list[SweepPoint]) -> Projection | None
         compute = dict(config.compute)
     else:
         compute = config.compute
-    return project(report.fit.model, compute_s=compute,
-                   bytes_per_rank={m: s.bytes_per_rank * scale for m, s in steps.items()},
-                   buckets=buckets, gpus=config.gpus, link_bps=config.rates,
-                   alpha_s=config.alpha)
+    bytes_per_rank = {m: s.bytes_per_rank * scale for m, s in steps.items()}
+    if report.calibration is not None:
+        per_mode = compute if isinstance(compute, dict) else dict.fromkeys(steps, compute)
+        try:
+            return calibrated_projection(report.calibration, report.fit.model,
+                                         compute_s=per_mode, bytes_per_rank=bytes_per_rank,
+                                         buckets=buckets, gpus=config.gpus)
+        except CalibrationError as exc:
+            report.notes.append(f"no projection: {exc}")
+            return None
+    # Far past the measured sizes the fitted per-hop latency (this host's stack) decides the
+    # result: show it next to a typical NCCL one rather than as one number.
+    largest = max(point.world_size for point in usable)
+    far = config.alpha is None and max(config.gpus) > HOST_ALPHA_REACH * largest
+    projection = project(report.fit.model, compute_s=compute, bytes_per_rank=bytes_per_rank,
+                         buckets=buckets, gpus=config.gpus, link_bps=config.rates,
+                         alpha_s=config.alpha,
+                         typical_alpha_s=TYPICAL_ETHERNET_ALPHA_S if far else None,
+                         typical_beyond=HOST_ALPHA_REACH * largest)
+    if far:
+        projection.notes.append(
+            f"beyond {HOST_ALPHA_REACH} x the largest measured world size ({largest}) the "
+            f"latency term is this host's stack (alpha {report.fit.model.alpha_s * 1e3:.3f} ms "
+            "per hop, gloo on a CPU host): those cells show the efficiency with it / with a "
+            f"typical NCCL-over-Ethernet {TYPICAL_ETHERNET_ALPHA_S * 1e6:.0f} us. Give your "
+            "cluster's alpha, or better a calibration (nccl-tests output), for a real answer")
+    return projection
 
 
 def _params(point: SweepPoint) -> int:
@@ -338,4 +389,4 @@ def _run_point(scenario: Scenario, runner: RunScenario, **kwargs: Any) -> Scenar
 
 
 __all__ = ["PROJECTION_LABEL", "ProjectionConfig", "SweepConfig", "SweepPoint", "SweepReport",
-           "analyse", "point_scenario", "run_sweep", "split_largest"]
+           "analyse", "load_calibration", "point_scenario", "run_sweep", "split_largest"]

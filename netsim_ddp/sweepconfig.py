@@ -50,6 +50,11 @@ class ProjectionConfig(_Strict):
     alpha: Duration | None = Field(
         None, description="Per-hop latency of the target cluster's all-reduce (e.g. '20us'); "
         "default: the alpha fitted here, which carries this host's gloo overheads.")
+    calibration: str | None = Field(
+        None, min_length=1, description="nccl-tests all_reduce_perf output from the target "
+        "cluster (text as printed, or its -J JSON), relative to the scenario file: the "
+        "projection's all-reduce times come from it instead of the alpha and link efficiency "
+        "fitted here (see `netsim-ddp calibrate`); `rates` and `alpha` then do not apply.")
 
     @field_serializer("compute", when_used="json")
     def _compute_with_unit(self, value: float | dict[str, float] | None) -> object:
