@@ -66,9 +66,11 @@ def main() -> None:
 def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
     from .fabric.capabilities import probe_capabilities, torch_status
+    from .gpus import probe_gpus
 
     caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
     torch_info = torch_status()
+    gpus = probe_gpus()
     table = Table(title="netsim-ddp check", show_header=True)
     table.add_column("capability")
     table.add_column("status")
@@ -86,7 +88,12 @@ def check(json_out: str | None) -> None:
         ("clsact", caps.clsact, "(optional) classifiers"),
         ("torch", torch_info["torch"] or False, "DDP workloads"),
         ("gloo", torch_info["gloo"], "CPU collectives"),
-        ("nccl + GPUs", torch_info["nccl"], f"GPU collectives ({torch_info['cuda_devices']} GPUs)"),
+        ("GPUs", gpus.count if gpus.count else False,
+         ", ".join(gpus.names) or "ranks on GPUs (backend nccl)"),
+        ("NCCL", gpus.nccl or False, "GPU collectives"),
+        ("NCCL path", gpus.nccl_usable and caps.can_build,
+         "NCCL over the emulated links" if gpus.nccl_usable and caps.can_build
+         else f"not here: {gpus.missing or 'no emulated network can be built'}"),
     ]
     for name, status, use in rows:
         shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
@@ -101,7 +108,9 @@ def check(json_out: str | None) -> None:
             if caps.delay_line else
             f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
             "scenarios with delay, jitter or loss cannot run here")
-    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info})
+    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
+                           "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
+                                                     and caps.can_build}})
     sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
 
 
@@ -123,8 +132,10 @@ def schema() -> None:
 
 @main.command()
 @click.argument("file")
-def plan(file: str) -> None:
-    """Show the network a scenario builds, without building it."""
+@click.option("--gpus", type=click.IntRange(min=0), default=None,
+              help="Plan the ranks for a host with this many GPUs (default: this host's).")
+def plan(file: str, gpus: int | None) -> None:
+    """Show the network a scenario builds and where its ranks run, without building it."""
     import ipaddress
 
     from .fabric import FabricError
@@ -151,6 +162,44 @@ def plan(file: str) -> None:
                       format_size(link.queue_limit_bytes),
                       " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
     out.print(table)
+    if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
+        sys.exit(EXIT_FAILED)
+
+
+def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
+    """The ranks: backend, each rank's device, each node's NCCL environment. False if this
+    host (or one with `gpus` GPUs) would refuse the scenario."""
+    from .gpus import GpuInventory, probe_gpus
+    from .placement import place
+
+    assert scenario.workload is not None
+    inventory = probe_gpus()
+    if gpus is not None:  # a GPU host as the user describes it, with NCCL
+        inventory = GpuInventory(gpus, missing=None if gpus else "no GPUs (--gpus 0)")
+    placement = place(scenario.workload, scenario.topology, inventory)
+    where = f"a host with {gpus} GPUs" if gpus is not None else "this host"
+    if placement.refused:
+        out.print(f"ranks: {escape(placement.describe())}", soft_wrap=True)
+        if gpus is None:
+            out.print("(plan for a GPU host with --gpus N)")
+        return False
+    out.print(f"ranks on {where}: {escape(placement.describe())}", soft_wrap=True)
+    table = Table()
+    for column in ("node", "local rank", "rank", "device"):
+        table.add_column(column)
+    per_node = scenario.topology.ranks_per_node
+    for node in fabric_plan.nodes:
+        for local in range(per_node):
+            device = (f"cuda:{placement.gpus.devices[node.index][local]}" if placement.gpus
+                      else "cpu")
+            table.add_row(node.name, str(local), str(node.index * per_node + local), device)
+    out.print(table)
+    envs = placement.node_env("<run>", [node.name for node in fabric_plan.nodes])
+    for node, env in zip(fabric_plan.nodes, envs, strict=True):
+        if env:
+            out.print(f"{node.name} env: " + " ".join(f"{k}={v}" for k, v in env.items()),
+                      soft_wrap=True)
+    return True
 
 
 @main.command()

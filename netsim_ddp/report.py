@@ -21,6 +21,11 @@ def mode_table(report: ScenarioReport) -> Table:
     title = (f"{scenario.name}: {topology.nodes} nodes x {topology.ranks_per_node} ranks, "
              f"{format_rate(scenario.link.rate)} links, {workload.model} "
              f"{workload.params / 1e6:.1f}M params")
+    placement = report.placement
+    if placement is not None and placement.backend != "gloo":
+        title += f", {placement.backend}"
+        if placement.gpus is not None and placement.gpus.shared:
+            title += " (ranks share GPUs: compute times include each other's work)"
     table = Table(title=title, title_justify="left")
     # Short headers: the table must fit an 80-column CI log.
     for column in ("mode", "iter ms", "p95", "comm ms", "comm sd", "coll ms", "coll sd",

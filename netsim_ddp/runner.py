@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import __version__
+from .crossing import CrossingVerdict, expected_cross_node
 from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
 from .fabric.delayline import health as delay_line_health
@@ -26,6 +27,7 @@ from .fabric.schedule import LinkScheduler, plan_schedule
 from .gate import Verdict, default_expectations, evaluate
 from .hostload import CpuLoad, CpuTimes
 from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
+from .placement import Placement, place
 from .scenario import Scenario
 from .schedule_checks import attach_link_states, schedule_checks
 from .workload import ModeResult, RankSpec, WorkloadError, launch
@@ -36,6 +38,7 @@ from .workload.collective import (
     read_probe,
 )
 from .workload.modes import get_mode
+from .workload.nccl import TransportEvidence, rank_log_lines, verify_transport
 from .workload.window import NODE_ENV, SIGNAL_DIR_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
@@ -268,6 +271,8 @@ class ScenarioReport:
     link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
     hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
     out_dir: Path | None = None  # this run's own folder: logs, results, signals
+    placement: Placement | None = None  # backend, each rank's GPU, per-node environment
+    transport: TransportEvidence | None = None  # NCCL's own account of its links (NCCL only)
 
     @property
     def status(self) -> str:
@@ -301,6 +306,8 @@ class ScenarioReport:
                                for w in self.link_schedule.windows]
                               if self.link_schedule else None),
             "hosts": self.hosts,
+            "placement": self.placement.as_dict() if self.placement else None,
+            "transport": self.transport.as_dict() if self.transport else None,
             "modes": {name: report.as_dict() for name, report in self.modes.items()},
             "checks": [check.as_dict() for check in self.checks],
             "scenario": self.scenario.model_dump(mode="json"),
@@ -323,22 +330,28 @@ def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
 def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                  iterations: int | None = None, profile: bool = False,
                  allow_untrusted: bool = False, timeout_s: float | None = None,
-                 progress: Progress = lambda message: None) -> ScenarioReport:
+                 progress: Progress = lambda message: None,
+                 on_built: Callable[[Fabric], None] | None = None) -> ScenarioReport:
     """Build the scenario's network, probe it, train every mode on it; everything is removed
-    before this returns, whatever happens."""
+    before this returns, whatever happens. `on_built(fabric)` runs once the network exists,
+    before anything runs in it (to add your own kernel objects: routes, extra links)."""
     workload = scenario.workload
     if workload is None:
         raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
                          "add a [workload] section (see README)")
     if iterations is not None:
         workload = workload.model_copy(update={"iterations": iterations})
+    placement = place(workload, scenario.topology)
+    if placement.refused:  # before any network is built: this host cannot run it
+        return ScenarioReport(scenario, placement=placement, refused=placement.refused)
+    workload = workload.model_copy(update={"backend": placement.backend})
     fabric = Fabric(scenario)
     out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
-    report = ScenarioReport(scenario, out_dir=out)
+    report = ScenarioReport(scenario, out_dir=out, placement=placement)
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
     try:
         trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
-                         timeout_s, progress)
+                         timeout_s, progress, on_built)
     finally:  # the delay line's counters are final once the fabric is gone
         report.delay_line_stats = fabric.delay_line_stats
     report.checks.extend(delay_line_checks(fabric.delay_lines, fabric.delay_line_stats,
@@ -365,6 +378,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(background_checks(scenario.background, background, results))
     report.checks.extend(wire_ratio_checks(report.modes))
+    report.checks.extend(crossing_checks(scenario, report.modes))
     if report.link_schedule is not None:
         attach_link_states(report.modes, report.link_schedule)
         report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule))
@@ -392,18 +406,23 @@ def run_folder(base: Path | None, run_id: str) -> Path:
 
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
            profile: bool, allow_untrusted: bool, timeout_s: float | None,
-           progress: Progress) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+           progress: Progress, on_built: Callable[[Fabric], None] | None = None,
+           ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """Inside the built fabric: the probe, then every mode. None if the probe refused."""
     with fabric:
         report.run_id = fabric.run_id
         report.delay_backends = fabric.delay_backends
+        if on_built is not None:
+            on_built(fabric)
+        placement = report.placement or place(workload, scenario.topology)
+        node_env = placement.node_env(fabric.run_id, [node.name for node in fabric.nodes])
 
         def on_fabric(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                       env: Mapping[str, str] | None = None,
                       watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
             return launch(fabric.nodes, spec, out_dir, timeout_s,
                           ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
-                          env=env, watchdog=watchdog)
+                          env=env, watchdog=watchdog, node_env=node_env)
 
         plan = fabric.plan
         assert plan is not None  # the fabric is built inside this block
@@ -440,15 +459,23 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     `traffic` starts the background flows, `watch` turns them (None while probing) into the
     launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot)."""
     link_bps, _ = slowest_link_goodput(scenario)
-    if scenario.fidelity.enabled and scenario.topology.nodes > 1:
+    nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
+    # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport between
+    # nodes, which must be verified before anything is measured.
+    if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
-        report.fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
-                                            timeout_s, progress, watch(None))
-        trusted = report.fidelity.trusted
-        report.checks.append(Verdict("fidelity", trusted, report.fidelity.reason))
-        if not trusted and not allow_untrusted:
-            report.refused = report.fidelity.reason
+        fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
+                                     timeout_s, progress, watch(None), workload=workload,
+                                     attempts=None if scenario.fidelity.enabled else 1)
+        if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
             return None
+        if scenario.fidelity.enabled:
+            report.fidelity = fidelity
+            trusted = fidelity.trusted
+            report.checks.append(Verdict("fidelity", trusted, fidelity.reason))
+            if not trusted and not allow_untrusted:
+                report.refused = fidelity.reason
+                return None
     progress(f"{scenario.name}: training {', '.join(workload.modes)} "
              f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
     signals = out / "signals"
@@ -466,7 +493,10 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                            profile=profile, env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
                            watchdog=watch(flows))
         report.host_load = CpuLoad.between(before, CpuTimes.read())
-        return results, flows.stop()
+        background = flows.stop()
+    if nccl and not _transport_verified(report, scenario, out / "train"):
+        return None
+    return results, background
 
 
 def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
@@ -561,6 +591,18 @@ def background_checks(flows, background: BackgroundBytes,
     return checks
 
 
+def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path) -> bool:
+    """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0? If not, the run
+    is refused with the lines that show what it did instead."""
+    report.transport = verify_transport(rank_log_lines(launch_out / "logs"),
+                                        scenario.topology.nodes, scenario.topology.ranks_per_node)
+    if not report.transport.ok:
+        report.refused = ("NCCL did not use the emulated network between nodes, so its numbers "
+                          f"would not measure it: {report.transport.summary()} (rank logs in "
+                          f"{launch_out / 'logs'})")
+    return report.transport.ok
+
+
 def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
     """Does each mode put on the wire what it promises, relative to fp32?"""
     checks = []
@@ -574,6 +616,23 @@ def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
                 f"wire-bytes:{mode}/{reference}", ok,
                 f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
                 f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
+    return checks
+
+
+def crossing_checks(scenario: Scenario, modes: dict[str, ModeReport]) -> list[Verdict]:
+    """Per mode: did its all-reduces cross the shaped links, as many bytes as they should?
+    (netsim_ddp.crossing). Nothing to check with one node: no link carries the collectives."""
+    topology = scenario.topology
+    if topology.nodes < 2:
+        return []
+    checks = []
+    for name, mode in modes.items():
+        result = mode.result
+        expectation = expected_cross_node(result.backend, topology.nodes,
+                                          topology.ranks_per_node,
+                                          result.sent_bytes_per_iteration, scenario.link.mtu)
+        verdict = CrossingVerdict(name, expectation, mode.wire_bytes_per_iteration)
+        checks.append(Verdict(f"crossed:{name}", verdict.passed, verdict.detail))
     return checks
 
 
@@ -652,21 +711,25 @@ def _check_background_followed(result: ModeResult, background: BackgroundBytes) 
 
 def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,
                       timeout_s: float | None, progress: Progress,
-                      watchdog: Callable[[], None] | None = None) -> CollectiveFidelity:
-    """Attempt after attempt until one reaches fidelity.min_fraction or none are left."""
-    assert scenario.workload is not None  # only a training scenario is probed
+                      watchdog: Callable[[], None] | None = None, *, workload=None,
+                      attempts: int | None = None) -> CollectiveFidelity:
+    """Attempt after attempt until one reaches fidelity.min_fraction or none are left.
+    `workload`: with the backend resolved (default: the scenario's)."""
+    workload = workload or scenario.workload
+    assert workload is not None  # only a training scenario is probed
     size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in scenario.workload.modes))
+    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
     probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": dtypes})
-    spec = RankSpec(workload=scenario.workload, modes=[], allreduce_probe=probe)
+    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probe)
     _, goodput = slowest_link_goodput(scenario)
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
     ideal = ring_allreduce_lower_bound(size, world, goodput)
     fidelity = CollectiveFidelity(size, world, [], goodput, scenario.fidelity.min_fraction)
-    for attempt in range(scenario.fidelity.attempts):
+    attempts = attempts or scenario.fidelity.attempts
+    for attempt in range(attempts):
         if attempt:
             progress(f"{scenario.name}: all-reduce probe attempt {attempt + 1} of "
-                     f"{scenario.fidelity.attempts} (so far {fidelity.fraction:.0%} of the link)")
+                     f"{attempts} (so far {fidelity.fraction:.0%} of the link)")
         attempt_out = out / f"attempt{attempt}"
         launcher(spec, attempt_out, timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
                  watchdog=watchdog)

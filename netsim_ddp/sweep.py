@@ -381,6 +381,7 @@ def _run_point(scenario: Scenario, runner: RunScenario, **kwargs: Any) -> Scenar
         merged.run_id = merged.run_id or part.run_id
         merged.error = merged.error or part.error
         merged.refused = merged.refused or part.refused
+        merged.placement = merged.placement or part.placement
         merged.modes.update(part.modes)
         merged.checks.extend(part.checks)
         merged.delay_backends.update(part.delay_backends)

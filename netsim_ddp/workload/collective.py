@@ -54,17 +54,28 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
 
+    # Under NCCL the buffers live on this rank's GPU and each all-reduce is timed to its end
+    # on the device (NCCL calls return once the work is queued).
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+
+    def finished() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+
     results = []
     for dtype in probe.dtypes:
-        buffer = torch.ones(probe.size_bytes // 4, dtype=getattr(torch, dtype))
+        buffer = torch.ones(probe.size_bytes // 4, dtype=getattr(torch, dtype), device=device)
         seconds = []
         cpu_before = None
         for iteration in range(probe.warmup + probe.iterations):
             dist.barrier()
             if iteration == probe.warmup:
                 cpu_before = CpuTimes.read()
+            finished()
             start = time.perf_counter()
             dist.all_reduce(buffer)
+            finished()
             if iteration >= probe.warmup:
                 seconds.append(time.perf_counter() - start)
         load = CpuLoad.between(cpu_before, CpuTimes.read())

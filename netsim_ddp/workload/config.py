@@ -73,8 +73,15 @@ class WorkloadConfig(BaseModel):
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         default="auto",
-        description="torch.distributed backend. 'auto' picks nccl only when CUDA is available "
-        "with one GPU per local rank, else gloo.",
+        description="torch.distributed backend. 'auto' picks nccl when CUDA GPUs and NCCL are "
+        "there for every rank (one GPU each, or shared with share_gpus), else gloo; 'nccl' on a "
+        "host without them is refused, naming what is missing.",
+    )
+    share_gpus: bool = Field(
+        default=False,
+        description="Let ranks of different nodes share a GPU when the host has fewer GPUs than "
+        "ranks (node i, local rank r -> GPU (i x ranks_per_node + r) mod GPUs). Shared compute "
+        "changes the compute time; the results say so.",
     )
 
     @field_validator("model")

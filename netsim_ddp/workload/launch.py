@@ -121,8 +121,12 @@ def launch(
     profile: bool = False,
     env: Mapping[str, str] | None = None,
     watchdog: Callable[[], None] | None = None,
+    node_env: Sequence[Mapping[str, str]] | None = None,
 ) -> dict[str, ModeResult]:
     """Run `spec` on `nodes` (node 0 is the master) and return {mode: result}.
+
+    `env` goes to every node; `node_env[i]`, if given, to node i's ranks on top of it (its
+    GPUs, its NCCL host id).
 
     Raises WorkloadError if a torchrun exits non-zero, the timeout passes, or a result is missing;
     by then every process it started is gone. Logs stay under out_dir/logs/.
@@ -162,7 +166,7 @@ def launch(
             procs.append(
                 node.popen(
                     argv,
-                    env=child_env,
+                    env={**child_env, **(node_env[node_rank] if node_env else {})},
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,

@@ -103,18 +103,36 @@ class AmpFp16Mode(AmpMode):
 
 
 class AmpBf16Mode(AmpMode):
-    """autocast + GradScaler + BF16 gradient all-reduce (works on gloo via our own wrapper)."""
+    """autocast (bfloat16) + GradScaler + BF16 gradient all-reduce.
+
+    Under NCCL through torch's own `bf16_compress_wrapper(allreduce)` (torch documents it as
+    `bf16_compress_hook`; DDP allows it only with NCCL); on gloo through our `cast_wrapper`,
+    the same cast, since a bf16 all-reduce on gloo works while DDP refuses torch's hook there.
+    """
 
     name: ClassVar[str] = "amp-bf16"
     summary: ClassVar[str] = "autocast + GradScaler + BF16 all-reduce hook"
     wire_dtype: ClassVar[str] = "bfloat16"
 
+    def autocast_dtype(self, device_type: str) -> torch.dtype | None:
+        import torch
+
+        return torch.bfloat16  # the bf16 recipe on CUDA too (amp uses float16 there)
+
     def register_comm_hook(self, ddp: DistributedDataParallel, counter: SentBytes) -> None:
         import torch
+        import torch.distributed as dist
 
         from netsim_ddp.workload.hooks import cast_wrapper, counted_allreduce
 
-        ddp.register_comm_hook(counter, cast_wrapper(torch.bfloat16, counted_allreduce))
+        if dist.get_backend() == "nccl":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+                bf16_compress_wrapper,
+            )
+
+            ddp.register_comm_hook(counter, bf16_compress_wrapper(counted_allreduce))
+        else:
+            ddp.register_comm_hook(counter, cast_wrapper(torch.bfloat16, counted_allreduce))
 
 
 MODES: dict[str, Mode] = {}

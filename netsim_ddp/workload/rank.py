@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import gc
 import os
 import socket
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from netsim_ddp.gpus import local_device_index
 from netsim_ddp.workload.collective import run_probe
 from netsim_ddp.workload.config import RankSpec, WorkloadConfig
 from netsim_ddp.workload.hooks import SentBytes
@@ -43,15 +45,15 @@ LEARNING_RATE = 1e-3
 
 
 def resolve_backend(requested: str, local_world_size: int) -> str:
-    """'auto' -> nccl only with CUDA and one GPU per local rank; else gloo."""
-    gpus_enough = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    """'auto' -> nccl only with CUDA and one GPU per local rank; else gloo. The harness
+    resolves the backend itself (netsim_ddp.placement) and hands the ranks 'gloo' or 'nccl';
+    'auto' is for ranks started some other way."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "auto":
-        return "nccl" if gpus_enough else "gloo"
-    if requested == "nccl" and not gpus_enough:
-        raise RuntimeError(
-            f"backend 'nccl' needs {local_world_size} GPU(s) per node; "
-            f"found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
-        )
+        return "nccl" if gpus >= local_world_size and dist.is_nccl_available() else "gloo"
+    if requested == "nccl" and (gpus == 0 or not dist.is_nccl_available()):
+        raise RuntimeError(f"backend 'nccl' needs CUDA GPUs and NCCL; torch {torch.__version__} "
+                           f"sees {gpus} GPU(s), NCCL available: {dist.is_nccl_available()}")
     return requested
 
 
@@ -132,11 +134,17 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = resolve_backend(spec.workload.backend, local_world_size)
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    # The harness assigns GPUs across nodes (NETSIM_DDP_GPUS), not cuda:local_rank per node.
+    device = (torch.device("cuda", local_device_index(local_rank)) if backend == "nccl"
+              else torch.device("cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # gloo binds to GLOO_SOCKET_IFNAME by itself when it is set (the harness sets eth0).
-    dist.init_process_group(backend, timeout=timedelta(seconds=spec.collective_timeout_s))
+    # gloo binds to GLOO_SOCKET_IFNAME by itself when it is set (the harness sets eth0); NCCL
+    # follows the NCCL_* settings the harness gives each node. device_id binds NCCL to this
+    # rank's GPU at once (its barriers then use it, and the transport is set up before
+    # anything is measured).
+    dist.init_process_group(backend, timeout=timedelta(seconds=spec.collective_timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     try:
         if spec.allreduce_probe is not None:
             run_probe(spec.allreduce_probe, out_dir)
@@ -196,6 +204,10 @@ def _exit_now() -> None:
     ("terminate called without an active exception", SIGABRT), failing a finished run."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # C stdio too: NCCL writes its INFO lines (which the harness reads to verify the
+    # transport) with fprintf to stdout, a block-buffered file under torchrun, and os._exit
+    # would drop what is still buffered.
+    ctypes.CDLL(None).fflush(None)
     os._exit(0)
 
 

@@ -1,6 +1,7 @@
 """Real DDP training inside emulated networks: what each mode puts on the wire and costs."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,13 @@ def test_mixed_precision_on_the_wire(three_modes):
                                                "wire-bytes:amp-fp16/fp32"}
 
 
+def test_every_mode_crossed_the_emulated_network(three_modes):
+    checks = {c.name: c for c in three_modes.checks}
+    for mode in ("fp32", "amp", "amp-fp16"):
+        assert checks[f"crossed:{mode}"].passed, checks[f"crossed:{mode}"].detail
+        assert "crossed the emulated links" in checks[f"crossed:{mode}"].detail
+
+
 def test_results_json_carries_the_promised_keys(three_modes):
     from netsim_ddp.runner import results_document
 
@@ -93,11 +101,57 @@ def test_ranks_sharing_a_nic_and_background_traffic_are_accounted():
     # cores with 6 iterations are too noisy to judge it every time).
     checks = {check.name: check for check in report.checks}
     assert checks["fidelity"].passed and checks["wire-bytes:amp-fp16/fp32"].passed, checks
+    # gloo's flat ring over 4 ranks crosses between the nodes twice, each hop 2(W-1)/W x S:
+    # 3 S in all; the hops inside a node go to the node's own address, over lo, unshaped
+    assert checks["crossed:fp32"].passed and checks["crossed:amp-fp16"].passed, checks
+    for mode in (report.modes["fp32"], report.modes["amp-fp16"]):
+        expected = 3 * mode.result.sent_bytes_per_iteration * HEADERS
+        assert mode.wire_bytes_per_iteration == pytest.approx(expected, rel=0.05)
     fp32, fp16 = report.modes["fp32"], report.modes["amp-fp16"]
     assert fp32.result.world_size == 4
     assert fp32.background_bytes_per_iteration > 0 and fp16.background_bytes_per_iteration > 0
     ratio = fp16.wire_bytes_per_iteration / fp32.wire_bytes_per_iteration
     assert ratio == pytest.approx(0.5, abs=0.03)  # background traffic subtracted exactly
+
+
+def _unshaped_bypass(fabric):
+    """A veth straight from n0 to n1, no qdisc, no switch, and a /32 route on each side that
+    sends the other node's eth0 address through it: the ranks still bind to and dial the
+    eth0 addresses, but every packet takes the unshaped path (a routing leak, for real)."""
+    from pyroute2 import IPRoute
+
+    n0, n1 = fabric.nodes
+    fd = os.open(netns.path_of(n1.netns), os.O_RDONLY)
+    try:
+        with n0.entered(), IPRoute() as ipr:
+            ipr.link("add", ifname="nsdbyp0", kind="veth",
+                     peer={"ifname": "nsdbyp1", "net_ns_fd": fd})
+            index = ipr.link_lookup(ifname="nsdbyp0")[0]
+            ipr.link("set", index=index, state="up")
+            ipr.route("add", dst=f"{n1.address}/32", oif=index)
+    finally:
+        os.close(fd)
+    with n1.entered(), IPRoute() as ipr:
+        index = ipr.link_lookup(ifname="nsdbyp1")[0]
+        ipr.link("set", index=index, state="up")
+        ipr.route("add", dst=f"{n0.address}/32", oif=index)
+
+
+def test_a_bypass_of_the_shaped_links_fails_the_crossing_check():
+    report = run_scenario(scenario(modes=("fp32", "amp-fp16"), iterations=3),
+                          on_built=_unshaped_bypass)
+    assert report.status == "failed"
+    checks = {check.name: check for check in report.checks}
+    for mode in ("fp32", "amp-fp16"):
+        check = checks[f"crossed:{mode}"]
+        assert not check.passed
+        assert "did not cross the emulated network" in check.detail
+        # expected: the ring's 2 x S plus headers; counted: what the shaped links saw
+        sent = report.modes[mode].result.sent_bytes_per_iteration
+        assert f"expected {2 * sent * HEADERS / 1e6:.2f} MB" in check.detail
+        counted = report.modes[mode].wire_bytes_per_iteration
+        assert f"counted {counted / 1e6:.2f} MB" in check.detail
+        assert counted < 0.1 * 2 * sent
 
 
 def test_profiler_agrees_with_exposed_comm_time(tmp_path):
