@@ -4,7 +4,7 @@ Every parser takes a string (or a plain number where that is unambiguous) and re
 in a base unit: bits per second, seconds, bytes, a count, a percentage. A bad value raises
 `ValueError` whose message says what forms are accepted, so the scenario loader can show it.
 Every result is finite (a `1e999` in a string is refused, never infinity), and sizes and counts
-fit a signed 64-bit integer, which is what the kernel and torch hold them in.
+are whole, not negative, and fit a signed 64-bit integer, which is what the kernel and torch hold them in.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def _scaled(match: re.Match[str], scale: float, value: object, forms: str) -> fl
 
 def _whole(number: float, value: object, what: str) -> int:
     """A size or count as an int, within the 64-bit range the kernel and torch use."""
+    if number < 0:
+        raise ValueError(f"a {what} cannot be negative, got {value!r}")
     if number > MAX_INTEGER:
         raise ValueError(f"{value!r} is too large for a {what} (at most {MAX_INTEGER})")
     return int(round(number))

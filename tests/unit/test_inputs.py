@@ -95,7 +95,7 @@ def test_reserved_node_names_match_what_the_fabric_names_its_objects():
     (units.parse_size, "1e999"), (units.parse_size, "1e30TiB"), (units.parse_count, "1e999"),
     (units.parse_count, "1e300B"), (units.parse_percent, "1e999%"),
     (units.parse_size, 10**400), (units.parse_count, 2**70), (units.parse_duration, math.inf),
-    (units.parse_size, True), (units.parse_count, False), (units.parse_percent, math.nan),
+    (units.parse_size, True), (units.parse_count, False), (units.parse_size, -1500), (units.parse_percent, math.nan),
 ])
 def test_units_are_finite_and_in_range(parse, text):
     with pytest.raises(ValueError):
@@ -141,7 +141,8 @@ def test_report_of_a_malformed_results_file_is_one_line_exit_2(tmp_path):
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
 def test_timeout_must_be_a_finite_positive_number(tmp_path, value):
-    result = CliRunner().invoke(main, ["run", "--timeout", value, "scenarios/default.toml"])
+    # A file that does not exist: without the check, nothing could start training.
+    result = CliRunner().invoke(main, ["run", "--timeout", value, str(tmp_path / "none.toml")])
     assert result.exit_code == 2
     assert "--timeout" in result.output
 
