@@ -4,7 +4,7 @@ Every parser takes a string (or a plain number where that is unambiguous) and re
 in a base unit: bits per second, seconds, bytes, a count, a percentage. A bad value raises
 `ValueError` whose message says what forms are accepted, so the scenario loader can show it.
 Every result is finite (a `1e999` in a string is refused, never infinity), and sizes and counts
-are whole, not negative, and fit a signed 64-bit integer, which is what the kernel and torch hold them in.
+are whole, not negative, and fit a signed 64-bit integer, as the kernel and torch hold them.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def test_reserved_node_names_match_what_the_fabric_names_its_objects():
     (units.parse_size, "1e999"), (units.parse_size, "1e30TiB"), (units.parse_count, "1e999"),
     (units.parse_count, "1e300B"), (units.parse_percent, "1e999%"),
     (units.parse_size, 10**400), (units.parse_count, 2**70), (units.parse_duration, math.inf),
-    (units.parse_size, True), (units.parse_count, False), (units.parse_size, -1500), (units.parse_percent, math.nan),
+    (units.parse_size, True), (units.parse_count, False), (units.parse_size, -1500),
+    (units.parse_percent, math.nan),
 ])
 def test_units_are_finite_and_in_range(parse, text):
     with pytest.raises(ValueError):
