@@ -206,3 +206,14 @@ def test_links_follow_a_copy_that_replaces_the_link():
     assert scenario.link_for(0).rate == 1e9
     slower = scenario.model_copy(update={"link": scenario.link.model_copy(update={"rate": 5e8})})
     assert slower.link_for(0).rate == 5e8 and scenario.link_for(0).rate == 1e9
+
+
+def test_the_run_folder_never_leaves_out_even_for_an_unvalidated_name(tmp_path):
+    from netsim_ddp.session import scenario_folder
+
+    good = Scenario.from_dict({"name": "ok [2 nodes]", "topology": {"nodes": 2},
+                               "link": {"rate": "1gbit"}})
+    assert scenario_folder(tmp_path, good) == tmp_path / "ok [2 nodes]"
+    sneaky = good.model_construct(**(dict(good) | {"name": "../x"}))  # skips validation
+    with pytest.raises(ValueError, match="inside"):
+        scenario_folder(tmp_path, sneaky)
