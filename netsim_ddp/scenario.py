@@ -191,7 +191,7 @@ class EffectiveLink(_Strict):
 
 
 class Topology(_Strict):
-    nodes: int = Field(ge=1, le=MAX_NODES, description="Emulated hosts, one network namespace "
+    nodes: int = Field(ge=1, description="Emulated hosts, one network namespace "
                        f"each; at most {MAX_NODES}, the ports of a Linux bridge.")
     ranks_per_node: int = Field(1, ge=1, description="DDP ranks sharing each node's NIC.")
     names: list[str] | None = Field(
@@ -201,6 +201,14 @@ class Topology(_Strict):
         None, strict=False,
         description="IPv4 subnet of the nodes; default: a free /24 chosen per run."
     )
+
+    @field_validator("nodes")
+    @classmethod
+    def _bridge_ports(cls, nodes: int) -> int:
+        if nodes > MAX_NODES:
+            raise ValueError(f"{nodes} nodes asked; a Linux bridge holds at most {MAX_NODES} "
+                             "ports, one per node")
+        return nodes
 
     @field_validator("names")
     @classmethod
