@@ -16,6 +16,9 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .gate import Tolerance, Verdict, regression_verdict
@@ -102,6 +105,38 @@ class BaselineEntry:
     wire_bytes_per_iteration: float
 
 
+FiniteSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _Saved(BaseModel):
+    """One benchmark's netsim-ddp data, as `save` writes it."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+    scenario: str
+    mode: str
+    digest: str
+    iteration_s: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(min_length=1)
+    comm_s: list[FiniteSeconds] = Field(min_length=1)
+    compute_s: list[FiniteSeconds] = Field(min_length=1)
+    collective_s: list[FiniteSeconds] | None = None  # baselines saved before it was measured
+    wire_bytes_per_iteration: float = Field(ge=0)
+
+
+class _ExtraInfo(BaseModel):
+    netsim_ddp: _Saved
+
+
+class _Benchmark(BaseModel):
+    extra_info: _ExtraInfo
+
+
+class _Document(BaseModel):
+    """The parts of a baseline file netsim-ddp reads; pytest-benchmark's own fields pass."""
+
+    benchmarks: list[_Benchmark] = Field(default_factory=list)
+
+
 class Baseline:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -113,22 +148,36 @@ class Baseline:
                                 "(pytest)") from None
         except (OSError, ValueError) as exc:
             raise BaselineError(f"{self.path}: not a readable baseline: {exc}") from None
+        except RecursionError:
+            raise BaselineError(f"{self.path}: not a readable baseline: nested too deeply"
+                                ) from None
         meta = document.get("netsim_ddp") if isinstance(document, dict) else None
         if not isinstance(meta, dict) or "format" not in meta:
             raise BaselineError(f"{self.path}: not a netsim-ddp baseline (a plain "
                                 "pytest-benchmark file has no netsim-ddp samples)")
         if meta["format"] != FORMAT:
-            raise BaselineError(f"{self.path}: baseline format {meta['format']} (netsim-ddp "
-                                f"{meta.get('version')}); this netsim-ddp reads format {FORMAT}:"
-                                " save a new baseline")
+            raise BaselineError(f"{self.path}: baseline format {meta['format']!r} (netsim-ddp "
+                                f"{meta.get('version')!r}); this netsim-ddp reads format "
+                                f"{FORMAT}: save a new baseline")
+        try:
+            parsed = _Document.model_validate(document)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise BaselineError(f"{self.path}: {where}: {error['msg']} (a baseline written by "
+                                "another tool or edited by hand? save a new one)") from None
         self.entries: dict[tuple[str, str], BaselineEntry] = {}
-        for bench in document.get("benchmarks", []):
-            data = bench["extra_info"]["netsim_ddp"]
-            self.entries[(data["scenario"], data["mode"])] = BaselineEntry(
-                data["digest"],
-                {key: data[key] for key in ("iteration_s", "comm_s", "compute_s",
-                                            "collective_s") if data.get(key) is not None},
-                data["wire_bytes_per_iteration"])
+        for bench in parsed.benchmarks:
+            data = bench.extra_info.netsim_ddp
+            if not len(data.iteration_s) == len(data.comm_s) == len(data.compute_s):
+                raise BaselineError(f"{self.path}: {data.scenario}[{data.mode}]: iteration_s, "
+                                    "comm_s and compute_s hold different numbers of samples")
+            self.entries[(data.scenario, data.mode)] = BaselineEntry(
+                data.digest,
+                {"iteration_s": data.iteration_s, "comm_s": data.comm_s,
+                 "compute_s": data.compute_s}
+                | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
+                data.wire_bytes_per_iteration)
 
     def scenarios(self) -> set[str]:
         return {scenario for scenario, _ in self.entries}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -29,13 +30,40 @@ def _fail(message: str, code: int) -> None:
 
 
 def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
+    """Every scenario, validated and checked against what this host can hold (every point of
+    a sweep too), before anything is built: the first bad one ends the command."""
+    from .limits import HostResources, check_host
+
+    host = HostResources.probe()
     scenarios = []
     for path in paths:
         try:
-            scenarios.append(Scenario.load(path))
+            scenario = Scenario.load(path)
+            check_host(scenario, host)
         except ScenarioError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
+        scenarios.append(scenario)
     return scenarios
+
+
+class FiniteFloat(click.ParamType):
+    """A float that is a real number (click's FLOAT takes 'nan' and 'inf'), optionally > 0."""
+
+    name = "float"
+
+    def __init__(self, positive: bool = False):
+        self.positive = positive
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.positive and number <= 0:
+            self.fail(f"{value!r} must be greater than 0", param, ctx)
+        return number
 
 
 def _human(json_out: str | None) -> Console:
@@ -43,14 +71,18 @@ def _human(json_out: str | None) -> Console:
     return err if json_out == "-" else out
 
 
-def _write_json(target: str | None, document: dict) -> None:
+def _write_json(target: str | None, document: dict, quiet: bool = False) -> None:
     if target is None:
         return
     text = json.dumps(document, indent=2)
     if target == "-":
         click.echo(text)
-    else:
-        Path(target).write_text(text + "\n")
+        return
+    path = Path(target)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text + "\n")
+    temporary.replace(path)  # never a half-written results file
+    if not quiet:
         err.print(f"wrote {target}")
 
 
@@ -117,11 +149,15 @@ def check(json_out: str | None) -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True)
 def validate(files: tuple[str, ...]) -> None:
-    """Check scenario files without building anything; exit 2 on the first bad one."""
+    """Check scenario files (every sweep point, and against what this host can hold) without
+    building anything; exit 2 on the first bad one."""
     for scenario in _load_all(files):
         link = scenario.link
+        points = (f", {len(scenario.sweep.points())} sweep points checked"
+                  if scenario.sweep is not None else "")
         out.print(f"ok: {scenario.path} ({scenario.name}: {scenario.topology.nodes} nodes x "
-                  f"{scenario.topology.ranks_per_node} ranks at {format_rate(link.rate)})")
+                  f"{scenario.topology.ranks_per_node} ranks at {format_rate(link.rate)}"
+                  f"{points})")
 
 
 @main.command()
@@ -204,7 +240,8 @@ def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
 
 @main.command()
 @click.argument("files", nargs=-1, required=True)
-@click.option("--seconds", type=float, default=None, help="Probe length (default: the scenario's).")
+@click.option("--seconds", type=FiniteFloat(positive=True), default=None,
+              help="Probe length (default: the scenario's).")
 @click.option("--json", "json_out", metavar="OUT",
               help="Also write the result as JSON ('-': stdout).")
 def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
@@ -253,12 +290,13 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 @click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
 @click.option("--allow-untrusted", is_flag=True,
               help="Run scenarios whose links this host cannot drive (results marked untrusted).")
-@click.option("--timeout", "timeout_s", type=float, help="Seconds before hung ranks are killed.")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
+              help="Seconds before hung ranks are killed.")
 @click.option("--baseline", metavar="PATH", help="Gate the results against this baseline.")
 @click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
               help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
-@click.option("--alpha", type=float, default=0.05, show_default=True,
+@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
               help="Significance level of verdicts and regressions.")
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
               help="nccl-tests all_reduce_perf output of the target cluster: sweeps project "
@@ -269,8 +307,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         alpha: float, calibration: str | None) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
-    from .report import sweep_tables
-    from .session import NetsimSession, SessionOptionError, steal_warning
+    from .session import NetsimSession, SessionOptionError
     from .sweep import CalibrationError, load_calibration
 
     scenarios = _load_all(files)
@@ -298,30 +335,45 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         _fail(str(exc), EXIT_FAILED)
     human = _human(json_out)
     for scenario in scenarios:
-        if scenario.sweep is not None:
-            with err.status("") as status:
-                sweep = session.run_sweep(scenario, calibration=calibration,
-                                          progress=lambda message: status.update(message))
-            for renderable in sweep_tables(sweep):
-                human.print(renderable)
-            warning = steal_warning([point.report for point in sweep.points])
-            if warning:
-                human.print(f"[yellow]{escape(warning)}[/]")
-            continue
-        with err.status("") as status:
-            report = session.run(scenario, profile=profile,
-                                 progress=lambda message: status.update(message))
-        if report.error:
-            err.print(f"[red]{scenario.name}: error[/]: {escape(report.error)}", soft_wrap=True)
-            continue
-        if report.refused:
-            human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
-            continue
-        _print_report(human, report)
+        try:
+            _run_one(session, scenario, human, profile, calibration)
+        except Exception as exc:  # showing a result broke: say so, keep what was measured
+            err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
+                      soft_wrap=True)
+        if json_out not in (None, "-"):  # a later scenario that kills the command loses nothing
+            _write_json(json_out, session.document(), quiet=True)
     session.finish()
     _write_json(json_out, session.document())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
+
+
+def _run_one(session, scenario: Scenario, human: Console, profile: bool,
+             calibration: str | None) -> None:
+    """One scenario (or sweep) of `run` and its tables; the session records what broke."""
+    from .report import sweep_tables
+    from .session import steal_warning
+
+    if scenario.sweep is not None:
+        with err.status("") as status:
+            sweep = session.run_sweep(scenario, calibration=calibration,
+                                      progress=lambda message: status.update(message))
+        for renderable in sweep_tables(sweep):
+            human.print(renderable)
+        warning = steal_warning([point.report for point in sweep.points])
+        if warning:
+            human.print(f"[yellow]{escape(warning)}[/]")
+        return
+    with err.status("") as status:
+        report = session.run(scenario, profile=profile,
+                             progress=lambda message: status.update(message))
+    if report.error:
+        err.print(f"[red]{scenario.name}: error[/]: {escape(report.error)}", soft_wrap=True)
+        return
+    if report.refused:
+        human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
+        return
+    _print_report(human, report)
 
 
 def _print_report(human: Console, report) -> None:
@@ -353,9 +405,10 @@ def _print_report(human: Console, report) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Keep rank logs and results here (default: a temporary directory).")
 @click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
-@click.option("--timeout", "timeout_s", type=float, help="Seconds before hung ranks are killed.")
-@click.option("--join-timeout", "join_timeout_s", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for every host to arrive.")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
+              help="Seconds before hung ranks are killed.")
+@click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
+              default=300.0, show_default=True, help="Seconds to wait for every host to arrive.")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
 @click.option("--allow-untrusted", is_flag=True,
               help="Run even if the hosts cannot drive the links (results marked untrusted).")
@@ -363,7 +416,7 @@ def _print_report(human: Console, report) -> None:
 @click.option("--save-baseline", metavar="PATH", help="Node 0: save the results as a baseline.")
 @click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
               help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
-@click.option("--alpha", type=float, default=0.05, show_default=True,
+@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
               help="Significance level of verdicts and regressions.")
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
@@ -433,14 +486,14 @@ def report_command(results: str, out_dir: str, calibration: str | None) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from .calibrate import CalibrationError
     from .ncclparse import NcclParseError
-    from .plots import report
+    from .plots import ResultsError, report
 
     try:
         path = report(results, out_dir, calibration=calibration)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
-    except (ValueError, KeyError) as exc:
-        _fail(f"{results}: not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+    except ResultsError as exc:
+        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
 
 

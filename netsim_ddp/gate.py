@@ -108,7 +108,7 @@ class Expectation(BaseModel):
         max_ratio = 0.8        # amp-fp16's median comm time <= 0.8 x fp32's, significantly
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     metric: str = Field(description="SERIES.STATISTIC (e.g. comm_s.median, collective_s.std, "
                         "iteration_s.p95, scaling_efficiency.median) or wire_bytes_per_iteration.")

@@ -18,7 +18,9 @@ import json
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .costmodel import PROJECTION_LABEL, CostModel, StepPoint
 
@@ -311,19 +313,116 @@ MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "ef
                "collective ms", "coll sd", "straggler"]
 
 
+class ResultsError(ValueError):
+    """A results file the report cannot read: names the file, the field and what is wrong."""
+
+
+_Number = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Loose(BaseModel):
+    """Only what the report reads is checked; the rest of the document passes untouched."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Summary(_Loose):
+    median: _Number
+    p95: _Number = 0.0
+    std: _Number = 0.0
+
+
+class _ModeEntry(_Loose):
+    # collective_s is absent from results written before it was measured.
+    summary: dict[Literal["iteration_s", "comm_s", "compute_s", "collective_s"], _Summary]
+    iteration_s: list[_Number]
+    comm_s: list[_Number]
+    scaling_efficiency: _Number
+    wire_bytes_per_iteration: _Number
+
+    @field_validator("summary")
+    @classmethod
+    def _every_series(cls, value: dict) -> dict:
+        missing = {"iteration_s", "comm_s", "compute_s"} - set(value)
+        if missing:
+            raise ValueError(f"no summary of {', '.join(sorted(missing))}")
+        return value
+
+
+class _ScenarioEntry(_Loose):
+    name: str
+    status: str
+    refused: str | None = None
+    error: str | None = None
+    modes: dict[str, _ModeEntry] = Field(default_factory=dict)
+
+
+class _SweepEntry(_Loose):
+    name: str
+    axes: dict[str, Any] | list[str]
+    points: list[dict[str, Any]]
+
+
+class _Results(_Loose):
+    scenarios: list[_ScenarioEntry] = Field(default_factory=list)
+    sweeps: list[_SweepEntry] = Field(default_factory=list)
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """A `netsim-ddp run --json` document, its structure checked; ResultsError if it is not
+    one."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ResultsError(f"{path}: cannot read: {exc}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: cannot read: nested too deeply") from None
+    try:
+        _Results.model_validate(document)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(document)"
+        raise ResultsError(f"{path}: {where}: {error['msg']}") from None
+    return document
+
+
 def report(results_json_path: str | Path, out_dir: str | Path,
            calibration: str | Path | None = None) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
-    `calibration` (nccl-tests output) projects each sweep again from it (calibrate.reproject);
-    it raises calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
-    document = json.loads(Path(results_json_path).read_text())
+    ResultsError if the file is not a results document. `calibration` (nccl-tests output)
+    projects each sweep again from it (calibrate.reproject); it raises
+    calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
+    document = load_results(results_json_path)
+    calibrated = None
     if calibration is not None:
-        from .calibrate import load_allreduce, reproject
+        from .calibrate import load_allreduce
 
         calibrated = load_allreduce(calibration)
-        for sweep in document.get("sweeps", []):
-            if sweep.get("projection"):
-                sweep["projection"] = reproject(sweep["projection"], calibrated)
+    try:
+        if calibrated is not None:
+            from .calibrate import reproject
+
+            for sweep in document.get("sweeps", []):
+                if sweep.get("projection"):
+                    sweep["projection"] = reproject(sweep["projection"], calibrated)
+        return _report(document, results_json_path, out_dir)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError,
+            ZeroDivisionError) as exc:  # a sweep's inner structure, checked as it is read
+        if isinstance(exc, ResultsError) or _is_calibration_error(exc):
+            raise
+        raise ResultsError(f"{results_json_path}: not the structure netsim-ddp writes: "
+                           f"{type(exc).__name__}: {exc}") from None
+
+
+def _is_calibration_error(exc: Exception) -> bool:
+    from .calibrate import CalibrationError
+    from .ncclparse import NcclParseError
+
+    return isinstance(exc, (CalibrationError, NcclParseError))
+
+
+def _report(document: dict[str, Any], results_json_path: str | Path,
+            out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = _Doc()

@@ -11,10 +11,12 @@ import ipaddress
 import json
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -32,8 +34,27 @@ from .gate import Expectation
 from .sweepconfig import SweepConfig
 from .workload.config import WorkloadConfig
 
-# tbf carries the rate in a 32-bit field of bytes per second.
+# tbf carries the rate in a 32-bit field of bytes per second; below 1 kB/s a single frame takes
+# longer than a second to send and the rate in whole bytes per second loses its precision.
 MAX_RATE_BPS = (2**32 - 1) * 8
+MIN_RATE_BPS = 8_000
+# A Linux bridge has 1024 port numbers (BR_PORT_BITS = 10) and port 0 is never used.
+MAX_NODES = 1023
+# Longer than any real network path; a collective waiting on it would hit its own timeout.
+MAX_DELAY_S = 10.0
+# Background on/off periods and probe lengths: an hour is more than any run lasts.
+MAX_PERIOD_S = 3600.0
+# tc's queue limit is a 32-bit count of bytes.
+MAX_QUEUE_BYTES = 2**32 - 1
+MAX_BACKGROUND_FLOWS = 256
+MAX_SWEEP_POINTS = 100
+# Names the fabric gives its own objects: a node of that name would collide with them. The
+# switch port of node X is "nsd-X", so node "br" would be named like the bridge ("nsd-br");
+# "sw" is the switch's namespace role, "probe" the capability probe's (see fabric.naming).
+RESERVED_NODE_NAMES = frozenset({"sw", "br", "probe"})
+# A scenario's name becomes a folder under --out (and sweep points add "[2 nodes, 1e+08bit]"):
+# letters, digits and a few punctuation marks, never a path separator or a leading dot.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,+=@ ()\[\]-]*$")
 # A node's switch port is named "nsd-<node>" and Linux interface names hold 15 characters.
 IFNAMSIZ = 15
 SWITCH_PORT_PREFIX = "nsd-"
@@ -53,14 +74,37 @@ def _unit(parser, forms: str, example: str, suffix: str):
     )
 
 
+def _rate_in_range(bits: float) -> float:
+    if not MIN_RATE_BPS <= bits <= MAX_RATE_BPS:
+        raise ValueError(f"{units.format_rate(bits)} is outside what tbf can shape: "
+                         f"{units.format_rate(MIN_RATE_BPS)} to {units.format_rate(MAX_RATE_BPS)}")
+    return bits
+
+
 Rate = Annotated[float, *_unit(units.parse_rate, units.RATE_FORMS, "1gbit", "bit"),
-                 Field(gt=0, le=MAX_RATE_BPS)]
+                 AfterValidator(_rate_in_range)]
 Duration = Annotated[float, *_unit(units.parse_duration, units.DURATION_FORMS, "100us", "s"),
-                     Field(ge=0)]
+                     Field(ge=0, le=MAX_PERIOD_S)]
+Delay = Annotated[Duration, Field(le=MAX_DELAY_S)]
 Percent = Annotated[float, *_unit(units.parse_percent, units.PERCENT_FORMS, "0.1%", "%"),
                     Field(ge=0, le=100)]
+def _queue_limit(value: object) -> int | str:
+    """Packets (a plain integer) or bytes with a unit; positive, and within tc's 32-bit limit
+    for the largest frame (checked again in bytes once the MTU is known)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("write a number of packets (1000) or bytes with a unit ('2MiB'), "
+                         f"got {value!r}")
+    amount = value if isinstance(value, int) else units.parse_size(value)
+    if amount <= 0:
+        raise ValueError("must be positive")
+    if amount > MAX_QUEUE_BYTES:
+        raise ValueError(f"{value!r} is more than tc's queue limit of {MAX_QUEUE_BYTES} bytes")
+    return value
+
+
 QueueLimit = Annotated[
     int | str,
+    BeforeValidator(_queue_limit),
     WithJsonSchema({"type": ["integer", "string"],
                     "description": "packets as an integer (1000) or bytes with a unit ('2MiB')"}),
 ]
@@ -90,15 +134,16 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML's `true` is not the number 1, nor "2" the integer 2; no nan or infinity.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class LinkShape(_Strict):
     """What a link does to traffic. Every field may be overridden per node."""
 
     rate: Rate | None = Field(None, description="Line rate of the node's NIC, both directions.")
-    delay: Duration | None = Field(None, description="One-way delay added on each direction.")
-    jitter: Duration | None = Field(None, description="Random variation of the delay (+-).")
+    delay: Delay | None = Field(None, description="One-way delay added on each direction.")
+    jitter: Delay | None = Field(None, description="Random variation of the delay (+-).")
     loss: Percent | None = Field(None, description="Probability that a packet is dropped.")
     jitter_distribution: JitterDistribution | None = Field(
         None, description="How the delay varies within +-jitter: uniform (default), normal, "
@@ -106,18 +151,6 @@ class LinkShape(_Strict):
     queue_limit: QueueLimit | None = Field(
         None, description="Queue in front of the link: packets (int) or bytes ('2MiB')."
     )
-
-    @field_validator("queue_limit")
-    @classmethod
-    def _queue_limit_positive(cls, value: int | str | None) -> int | str | None:
-        if value is None:
-            return value
-        if isinstance(value, bool):
-            raise ValueError("write a number of packets (1000) or bytes with a unit ('2MiB')")
-        amount = value if isinstance(value, int) else units.parse_size(value)
-        if amount <= 0:
-            raise ValueError("must be positive")
-        return value
 
 
 class LinkOverride(LinkShape):
@@ -159,8 +192,8 @@ class LinkConfig(LinkShape):
     """The link every node has, unless an override says otherwise."""
 
     rate: Rate = Field(description="Line rate of each node's NIC, both directions, e.g. '1gbit'.")
-    delay: Duration = 0.0
-    jitter: Duration = 0.0
+    delay: Delay = 0.0
+    jitter: Delay = 0.0
     loss: Percent = 0.0
     jitter_distribution: JitterDistribution = "uniform"
     mtu: int = Field(1500, ge=68, le=65535, description="MTU of every NIC and the switch.")
@@ -190,14 +223,24 @@ class EffectiveLink(_Strict):
 
 
 class Topology(_Strict):
-    nodes: int = Field(ge=1, description="Emulated hosts, one network namespace each.")
+    nodes: int = Field(ge=1, description="Emulated hosts, one network namespace "
+                       f"each; at most {MAX_NODES}, the ports of a Linux bridge.")
     ranks_per_node: int = Field(1, ge=1, description="DDP ranks sharing each node's NIC.")
     names: list[str] | None = Field(
         None, description=f"Node names (default n0, n1, ...), at most {MAX_NODE_NAME} characters."
     )
     subnet: ipaddress.IPv4Network | None = Field(
-        None, description="IPv4 subnet of the nodes; default: a free /24 chosen per run."
+        None, strict=False,
+        description="IPv4 subnet of the nodes; default: a free /24 chosen per run."
     )
+
+    @field_validator("nodes")
+    @classmethod
+    def _bridge_ports(cls, nodes: int) -> int:
+        if nodes > MAX_NODES:
+            raise ValueError(f"{nodes} nodes asked; a Linux bridge holds at most {MAX_NODES} "
+                             "ports, one per node")
+        return nodes
 
     @field_validator("names")
     @classmethod
@@ -215,8 +258,11 @@ class Topology(_Strict):
                                 and all(c.isalnum() or c in "_-" for c in name)):
                 raise ValueError(f"node name {name!r}: use letters, digits, '-' and '_', "
                                  "starting with a letter")
-        if "sw" in names:
-            raise ValueError("node name 'sw' is taken by the switch; choose another")
+        reserved = RESERVED_NODE_NAMES.intersection(names)
+        if reserved:
+            raise ValueError(f"node name {sorted(reserved)[0]!r} is the name of one of the "
+                             "switch's own objects; choose another (reserved: "
+                             f"{', '.join(sorted(RESERVED_NODE_NAMES))})")
         if len(set(names)) != len(names):
             raise ValueError("node names must be unique")
         return names
@@ -260,7 +306,7 @@ class BackgroundFlow(_Strict):
 
     source: str | int = Field(description="Sending node (name or index).")
     destination: str | int = Field(description="Receiving node (name or index).")
-    on: Duration = Field(0.2, gt=0, description="Mean length of an on-period.")
+    on: Duration = Field(0.2, gt=0.001, description="Mean length of an on-period.")
     off: Duration = Field(0.3, ge=0, description="Mean length of an off-period.")
     start: Duration = Field(0.0, description="When the first on-period starts.")
     distribution: Literal["exponential", "fixed"] = Field(
@@ -269,12 +315,24 @@ class BackgroundFlow(_Strict):
     seed: int = Field(0, description="Seeds the schedule; the same for every mode.")
 
 
+@dataclass(frozen=True)
+class _LinkTable:
+    topology: Topology
+    link: LinkConfig
+    indexes: dict[str, int]
+    default: EffectiveLink
+    overridden: dict[int, EffectiveLink]
+
+
 class Scenario(_Strict):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, description=(
+        "Names the run and its folder under --out: letters, digits, spaces and _.,+=@()[]-, "
+        "not starting with a dot, space or dash."))
     description: str = ""
     topology: Topology
     link: LinkConfig
-    background: list[BackgroundFlow] = Field(default_factory=list)
+    background: list[BackgroundFlow] = Field(default_factory=list,
+                                             max_length=MAX_BACKGROUND_FLOWS)
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
     workload: WorkloadConfig | None = Field(
         None, description="What to train on the network; without it, only the network is built.")
@@ -292,15 +350,24 @@ class Scenario(_Strict):
     def path(self) -> Path | None:
         return self._path
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_safe_folder(cls, name: str) -> str:
+        if not _SAFE_NAME.match(name) or name.rstrip() != name:
+            raise ValueError(f"{name!r} cannot name a folder safely (it becomes a folder under "
+                             "--out); use letters, digits, spaces and _.,+=@()[]-, starting "
+                             "with a letter, digit or '_'")
+        return name
+
     @model_validator(mode="after")
     def _overrides_and_links(self) -> Scenario:
-        names = self.topology.node_names
+        names = {name: i for i, name in enumerate(self.topology.node_names)}
         seen: set[int] = set()
         for i, override in enumerate(self.link.override):
             where = f"link.override.{i}.node"
             index = _node_index(override.node, names, where)
             if index in seen:
-                raise ValueError(f"{where}: node {names[index]!r} is overridden twice")
+                raise ValueError(f"{where}: node {override.node!r} is overridden twice")
             seen.add(index)
         _check_schedule(self, names)
         for i, flow in enumerate(self.background):
@@ -315,23 +382,80 @@ class Scenario(_Strict):
                 if mode is not None and mode not in modes:
                     raise ValueError(f"expect.{i}.{role}: mode {mode!r} is not run by this "
                                      f"scenario; workload.modes are {', '.join(modes) or 'none'}")
-        for index, name in enumerate(names):
+        # Only the default link and the overridden nodes differ: check each distinct link once.
+        for where, index in [("link", 0)] + [(f"link.override.{i}", _node_index(
+                o.node, names, "node")) for i, o in enumerate(self.link.override)]:
             link = self.link_for(index)
             if link.jitter > 0 and link.delay == 0:
-                raise ValueError(f"link.jitter: node {name!r} has jitter without a delay; "
-                                 "set link.delay (jitter varies the delay around it)")
+                raise ValueError(f"{where}.jitter: node {self.topology.node_names[index]!r} has "
+                                 "jitter without a delay; set link.delay (jitter varies the "
+                                 "delay around it)")
+            if link.queue_limit_bytes > MAX_QUEUE_BYTES:
+                raise ValueError(f"{where}.queue_limit: {link.queue_limit_bytes} bytes is more "
+                                 f"than tc's queue limit of {MAX_QUEUE_BYTES} bytes")
+        if self.sweep is not None:
+            self._check_sweep_points(self.sweep)
         return self
+
+    def _check_sweep_points(self, sweep: SweepConfig) -> None:
+        """Every point of the sweep must be a valid scenario, before the first one trains."""
+        try:
+            points = sweep.points()
+        except ValueError as exc:
+            raise ValueError(f"sweep.points: {exc}") from None
+        if len(points) > MAX_SWEEP_POINTS:
+            raise ValueError(f"sweep.points: the axes make {len(points)} points; at most "
+                             f"{MAX_SWEEP_POINTS} (each one trains every mode)")
+        for values in points:
+            try:
+                self.at_sweep_point(values)
+            except ScenarioError as exc:
+                raise ValueError(f"sweep.points: at {point_label(values)}: {exc.field}: "
+                                 f"{exc.reason}") from None
+
+    def at_sweep_point(self, values: dict[str, Any]) -> Scenario:
+        """This scenario at one sweep point, validated again (a swept value can be invalid
+        there: 300 nodes in a /24)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        data.pop("sweep", None)
+        topology = data["topology"]
+        if "nodes" in values:
+            topology["nodes"] = values["nodes"]
+            if topology.get("names") and len(topology["names"]) != values["nodes"]:
+                topology.pop("names")
+        if "ranks_per_node" in values:
+            topology["ranks_per_node"] = values["ranks_per_node"]
+        if "rate" in values:
+            data["link"]["rate"] = f"{float(values['rate'])!r}bit"  # how Scenario writes rates
+        if "params" in values and data.get("workload") is not None:
+            data["workload"]["params"] = values["params"]
+        data["name"] = f"{self.name}[{point_label(values)}]"[:64].rstrip(" ,")
+        return Scenario.from_dict(data, self._path)
 
     def link_for(self, node: int | str) -> EffectiveLink:
         """The link of one node (index or name), overrides applied."""
-        names = self.topology.node_names
-        index = _node_index(node, names, "node")
+        table = self._link_table()
+        return table.overridden.get(_node_index(node, table.indexes, "node"), table.default)
+
+    def _link_table(self) -> _LinkTable:
+        """Node indexes and links, built once per topology and link, so that validating and
+        planning thousands of nodes stays linear. Keyed by identity: a model_copy that
+        replaces the topology or the link builds a new table."""
+        table = self.__dict__.get("_cached_link_table")
+        if table is None or table.topology is not self.topology or table.link is not self.link:
+            indexes = {name: i for i, name in enumerate(self.topology.node_names)}
+            overridden = {_node_index(o.node, indexes, "node"):
+                          self._effective(o.model_dump(exclude={"node"}, exclude_none=True))
+                          for o in self.link.override}
+            table = _LinkTable(self.topology, self.link, indexes, self._effective({}), overridden)
+            self.__dict__["_cached_link_table"] = table
+        return table
+
+    def _effective(self, override: dict[str, Any]) -> EffectiveLink:
         merged = self.link.model_dump(exclude={"override", "queue_limit", "delay_backend",
                                                "schedule"})
         merged["queue_limit"] = self.link.queue_limit
-        for override in self.link.override:
-            if _node_index(override.node, names, "override") == index:
-                merged.update(override.model_dump(exclude={"node"}, exclude_none=True))
+        merged.update(override)
         frame = merged["mtu"] + ETHERNET_HEADER
         return EffectiveLink(
             rate=merged["rate"], delay=merged["delay"], jitter=merged["jitter"],
@@ -354,6 +478,8 @@ class Scenario(_Strict):
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ScenarioError(path, "(toml)", f"not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ScenarioError(path, "(toml)", "nested too deeply to read") from None
         data.setdefault("name", path.stem)
         return cls.from_dict(data, path)
 
@@ -363,6 +489,8 @@ class Scenario(_Strict):
             scenario = cls.model_validate(data)
         except ValidationError as exc:
             raise _scenario_error(exc, path) from None
+        except RecursionError:
+            raise ScenarioError(path, "(scenario)", "nested too deeply to read") from None
         scenario._path = Path(path) if path is not None else None
         return scenario
 
@@ -374,9 +502,10 @@ class Scenario(_Strict):
         return json.dumps(schema, indent=2)
 
 
-def _check_schedule(scenario: Scenario, names: list[str]) -> None:
+def _check_schedule(scenario: Scenario, name_index: dict[str, int]) -> None:
     """Offsets in order, nodes that exist, and delay/jitter/loss changed only where the link
     has a delay stage to change (netem cannot be added mid-run without a gap)."""
+    names = scenario.topology.node_names
     previous = 0.0
     down_until = [0.0] * len(names)  # a flap restores the link it took down: no change inside
     for i, change in enumerate(scenario.link.schedule):
@@ -385,7 +514,7 @@ def _check_schedule(scenario: Scenario, names: list[str]) -> None:
                              f"entry's {previous:g}s; list the changes in order of time")
         previous = change.at
         indexes = (range(len(names)) if change.node is None
-                   else [_node_index(change.node, names, f"link.schedule.{i}.node")])
+                   else [_node_index(change.node, name_index, f"link.schedule.{i}.node")])
         for index in indexes:
             if change.at < down_until[index]:
                 raise ValueError(f"link.schedule.{i}.at: node {names[index]!r} is down until "
@@ -402,14 +531,28 @@ def _check_schedule(scenario: Scenario, names: list[str]) -> None:
                     "place; give it a small starting delay (e.g. link.delay = '50us')")
 
 
-def _node_index(node: int | str, names: list[str], where: str) -> int:
+def _node_index(node: int | str, names: dict[str, int], where: str) -> int:
     if isinstance(node, int):
         if 0 <= node < len(names):
             return node
         raise ValueError(f"{where}: node index {node} out of range 0..{len(names) - 1}")
     if node in names:
-        return names.index(node)
-    raise ValueError(f"{where}: no node named {node!r}; nodes are {', '.join(names)}")
+        return names[node]
+    shown = ", ".join(list(names)[:10]) + (", ..." if len(names) > 10 else "")
+    raise ValueError(f"{where}: no node named {node!r}; nodes are {shown}")
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """A sweep point as people read it: "2 nodes, 100mbit"."""
+    parts = []
+    for axis, value in values.items():
+        if axis == "rate":
+            parts.append(f"{value / 1e6:g}mbit")
+        elif axis == "params":
+            parts.append(f"{value / 1e6:g}M")
+        else:
+            parts.append(f"{value} {axis.replace('_', ' ')}")
+    return ", ".join(parts)
 
 
 _LOCATED = re.compile(r"^(?P<field>[a-z_]+(?:\.[\w]+)+): (?P<reason>.*)$", re.DOTALL)

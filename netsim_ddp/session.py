@@ -4,6 +4,7 @@ baseline to gate against, the reports gathered, and what is written at the end."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,28 +74,26 @@ class NetsimSession:
     def _options(self, scenario: Scenario) -> dict[str, Any]:
         return {"iterations": self.iterations, "allow_untrusted": self.allow_untrusted,
                 "timeout_s": self.timeout_s,
-                "out_dir": self.out_dir / scenario.name if self.out_dir else None}
+                "out_dir": scenario_folder(self.out_dir, scenario) if self.out_dir else None}
 
     def run_sweep(self, scenario: Scenario, **overrides):
-        """A scenario with a [sweep]: every point, the cost model, hold-out and projection."""
+        """A scenario with a [sweep]: every point, the cost model, hold-out and projection. A
+        point that breaks is recorded as an error and the sweep goes on with the next."""
         from .sweep import run_sweep
 
         assert scenario.sweep is not None
-        sweep = run_sweep(scenario, scenario.sweep, **(self._options(scenario) | overrides))
+        runner = overrides.pop("runner", run_scenario)
+        sweep = run_sweep(scenario, scenario.sweep, **(self._options(scenario) | overrides),
+                          runner=lambda one, **kwargs: _recorded(
+                              one, lambda: runner(one, **kwargs)))
         self.sweeps.append(sweep)
         return sweep
 
     def run(self, scenario: Scenario, **overrides) -> ScenarioReport:
-        options = self._options(scenario)
-        try:
-            report = run_scenario(scenario, **(options | overrides))
-        except Exception as exc:  # recorded (a crashed rank, a host that lacks something)
-            from .fabric import FabricError
-            from .workload import WorkloadError
-
-            if not isinstance(exc, (FabricError, WorkloadError)):
-                raise
-            report = ScenarioReport(scenario, error=str(exc))
+        """Run one scenario; whatever breaks it is recorded in its report as an error."""
+        runner = overrides.pop("runner", run_scenario)
+        report = _recorded(scenario, lambda: runner(
+            scenario, **(self._options(scenario) | overrides)))
         if self.baseline is not None and report.modes:
             report.checks.extend(self.gate(report))
         self.reports.append(report)
@@ -194,6 +193,38 @@ class NetsimSession:
                   for check in report.checks if not check.passed]
         lines += [f"  passed {check.name}" for check in report.checks if check.passed]
         return "\n".join(lines)
+
+
+def _recorded(scenario: Scenario, run: Callable[[], ScenarioReport]) -> ScenarioReport:
+    """The runner's report, or one that records why the run broke: a crashed rank, a host
+    that lacks something, a netlink error, a dead delay line or helper, a scenario this host
+    cannot hold. Anything but an interrupt: one broken scenario never loses the others."""
+    from .limits import check_host
+    from .scenario import ScenarioError
+
+    try:
+        check_host(scenario)
+        return run()
+    except ScenarioError as exc:
+        return ScenarioReport(scenario, error=str(exc))
+    except Exception as exc:
+        from .fabric import FabricError
+        from .workload import WorkloadError
+
+        # The harness's own errors say what broke; anything else also says what it is.
+        known = isinstance(exc, (FabricError, WorkloadError))
+        return ScenarioReport(scenario, error=str(exc) if known else
+                              f"{type(exc).__name__}: {exc}")
+
+
+def scenario_folder(out_dir: Path, scenario: Scenario) -> Path:
+    """The scenario's folder under --out. Scenario names are validated to be safe folder
+    names; this refuses anything that would still leave out_dir."""
+    folder = out_dir / scenario.name
+    if folder.resolve().parent != out_dir.resolve():
+        raise ValueError(f"scenario name {scenario.name!r} does not name a folder inside "
+                         f"{out_dir}")
+    return folder
 
 
 def _probe_summary(reports: list[ScenarioReport]) -> str:

@@ -47,7 +47,7 @@ from .costmodel import (
 from .hostload import STEAL_NOTICEABLE, max_steal
 from .ncclparse import NcclParseError
 from .runner import ScenarioReport, run_scenario, slowest_link_goodput
-from .scenario import Scenario
+from .scenario import Scenario, point_label
 from .sweepconfig import ProjectionConfig, SweepConfig
 
 Progress = Callable[[str], None]
@@ -56,33 +56,7 @@ RunScenario = Callable[..., ScenarioReport]
 
 def point_scenario(scenario: Scenario, values: dict[str, Any]) -> Scenario:
     """The scenario at one sweep point, validated again (a swept value can be invalid there)."""
-    data = scenario.model_dump(mode="json", exclude_none=True)
-    data.pop("sweep", None)
-    topology = data["topology"]
-    if "nodes" in values:
-        topology["nodes"] = values["nodes"]
-        if topology.get("names") and len(topology["names"]) != values["nodes"]:
-            topology.pop("names")
-    if "ranks_per_node" in values:
-        topology["ranks_per_node"] = values["ranks_per_node"]
-    if "rate" in values:
-        data["link"]["rate"] = f"{float(values['rate'])!r}bit"  # how Scenario writes rates
-    if "params" in values:
-        data["workload"]["params"] = values["params"]
-    data["name"] = f"{scenario.name}[{point_label(values)}]"[:64]
-    return Scenario.from_dict(data, scenario.path)
-
-
-def point_label(values: dict[str, Any]) -> str:
-    parts = []
-    for axis, value in values.items():
-        if axis == "rate":
-            parts.append(f"{value / 1e6:g}mbit")
-        elif axis == "params":
-            parts.append(f"{value / 1e6:g}M")
-        else:
-            parts.append(f"{value} {axis.replace('_', ' ')}")
-    return ", ".join(parts)
+    return scenario.at_sweep_point(values)
 
 
 @dataclass

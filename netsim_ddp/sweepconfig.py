@@ -33,7 +33,7 @@ _Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ProjectionConfig(_Strict):

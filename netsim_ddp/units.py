@@ -3,6 +3,8 @@
 Every parser takes a string (or a plain number where that is unambiguous) and returns a number
 in a base unit: bits per second, seconds, bytes, a count, a percentage. A bad value raises
 `ValueError` whose message says what forms are accepted, so the scenario loader can show it.
+Every result is finite (a `1e999` in a string is refused, never infinity), and sizes and counts
+are whole, not negative, and fit a signed 64-bit integer, as the kernel and torch hold them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ SIZE_FORMS = "'1500', '64KiB', '64MiB' or '1MB'"
 COUNT_FORMS = "'30M', '1.5B', '500k' or a plain integer"
 PERCENT_FORMS = "'0.1%' or '5%'"
 
+MAX_INTEGER = 2**63 - 1  # sizes and counts: the kernel's and torch's 64-bit fields
+
 
 def _multiplier(prefix: str | None) -> float:
     prefix = (prefix or "").lower()
@@ -38,9 +42,33 @@ def _multiplier(prefix: str | None) -> float:
 
 
 def _finite_number(value: object, forms: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A plain number (never a bool: TOML's `true` is not 1), finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"expected a number or a string like {forms}, got {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number; write e.g. {forms}")
+    return number
+
+
+def _scaled(match: re.Match[str], scale: float, value: object, forms: str) -> float:
+    """The number in a matched string times its unit's scale, refused unless finite."""
+    number = float(match["num"]) * scale
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} overflows to infinity; write e.g. {forms}")
+    return number
+
+
+def _whole(number: float, value: object, what: str) -> int:
+    """A size or count as an int, within the 64-bit range the kernel and torch use."""
+    if number < 0:
+        raise ValueError(f"a {what} cannot be negative, got {value!r}")
+    if number > MAX_INTEGER:
+        raise ValueError(f"{value!r} is too large for a {what} (at most {MAX_INTEGER})")
+    return int(round(number))
 
 
 def parse_rate(value: object) -> float:
@@ -64,7 +92,7 @@ def parse_rate(value: object) -> float:
     bits = 1 if unit.lower() == "bit" else 8
     if unit == "b":  # lower-case b alone: could be bits or bytes
         raise ValueError(f"{value!r}: write 'bit' for bits or 'B' for bytes, e.g. {RATE_FORMS}")
-    return float(match["num"]) * _multiplier(match["prefix"]) * bits
+    return _scaled(match, _multiplier(match["prefix"]) * bits, value, RATE_FORMS)
 
 
 def parse_duration(value: object) -> float:
@@ -76,7 +104,7 @@ def parse_duration(value: object) -> float:
     match = _DURATION.match(value.strip())
     if not match:
         raise ValueError(f"cannot read {value!r} as a duration; write e.g. {DURATION_FORMS}")
-    return float(match["num"]) * _SECONDS[match["unit"].lower()]
+    return _scaled(match, _SECONDS[match["unit"].lower()], value, DURATION_FORMS)
 
 
 def parse_size(value: object) -> int:
@@ -85,11 +113,11 @@ def parse_size(value: object) -> int:
         number = _finite_number(value, SIZE_FORMS)
         if number != int(number):
             raise ValueError(f"a size in bytes must be whole, got {value!r}")
-        return int(number)
+        return _whole(number, value, "size")
     match = _SIZE.match(value.strip())
     if not match or (match["prefix"] and not match["unit"]):
         raise ValueError(f"cannot read {value!r} as a size; write e.g. {SIZE_FORMS}")
-    return int(round(float(match["num"]) * _multiplier(match["prefix"])))
+    return _whole(_scaled(match, _multiplier(match["prefix"]), value, SIZE_FORMS), value, "size")
 
 
 def parse_count(value: object) -> int:
@@ -98,12 +126,13 @@ def parse_count(value: object) -> int:
         number = _finite_number(value, COUNT_FORMS)
         if number != int(number):
             raise ValueError(f"a count must be whole, got {value!r}")
-        return int(number)
+        return _whole(number, value, "count")
     match = _COUNT.match(value.strip())
     if not match:
         raise ValueError(f"cannot read {value!r} as a count; write e.g. {COUNT_FORMS}")
     prefix = (match["prefix"] or "").lower()
-    return int(round(float(match["num"]) * _DECIMAL["g" if prefix == "b" else prefix]))
+    scale = _DECIMAL["g" if prefix == "b" else prefix]
+    return _whole(_scaled(match, scale, value, COUNT_FORMS), value, "count")
 
 
 def parse_percent(value: object) -> float:
@@ -115,7 +144,7 @@ def parse_percent(value: object) -> float:
     match = _PERCENT.match(value.strip())
     if not match:
         raise ValueError(f"cannot read {value!r} as a percentage; write e.g. {PERCENT_FORMS}")
-    return float(match["num"])
+    return _scaled(match, 1.0, value, PERCENT_FORMS)
 
 
 def format_rate(bits_per_second: float) -> str:

@@ -29,7 +29,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's own default bucket_cap_mb=25 (MiB)
 class WorkloadConfig(BaseModel):
     """The training job every rank runs, identical across modes so modes compare fairly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     model: str = Field(
         default="mlp",

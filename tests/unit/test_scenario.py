@@ -61,9 +61,9 @@ BAD = [
     # (replacement text, field named, words in the reason)
     (GOOD + "colour = 'blue'\n", "link.colour", "unknown key"),
     (GOOD.replace("[topology]", "[topology]\nspeed = 1"), "topology.speed", "unknown key"),
-    (GOOD.replace('"1gbit"', '"0gbit"'), "link.rate", "greater than 0"),
+    (GOOD.replace('"1gbit"', '"0gbit"'), "link.rate", "outside what tbf can shape"),
     (GOOD.replace('"1gbit"', '"-5mbit"'), "link.rate", "cannot read"),
-    (GOOD.replace('"1gbit"', '"40gbit"'), "link.rate", "less than or equal"),
+    (GOOD.replace('"1gbit"', '"40gbit"'), "link.rate", "outside what tbf can shape"),
     (GOOD.replace('"1gbit"', '"100mbps"'), "link.rate", "ambiguous"),
     (GOOD + 'loss = "150%"\n', "link.loss", "less than or equal to 100"),
     (GOOD + 'jitter = "1ms"\n', "link.jitter", "without a delay"),
