@@ -48,8 +48,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="folders whose *.toml files are scenarios (default: scenarios)")
 
 
+# Test tiers: a test that builds a network is `netns`; one that trains is `ddp` as well, so
+# `pytest -m "not netns and not ddp"` selects the tests that need neither privileges nor time.
+TIER_MARKERS = {
+    "netns": "needs root or user namespaces to build a real emulated network",
+    "ddp": "runs real DDP training (slower)",
+}
+# The plugin's fixtures, and the tiers a test that uses one belongs to.
+FIXTURE_TIERS = {"fabric": ("netns",), "make_fabric": ("netns",), "netsim_run": ("netns", "ddp")}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "netsim: a netsim-ddp scenario run")
+    registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for name, description in TIER_MARKERS.items():
+        if name not in registered:  # a project may describe its tiers itself
+            config.addinivalue_line("markers", f"{name}: {description}")
     config.addinivalue_line(
         "markers", "netsim_scenario(source): the scenario (file, dict or Scenario) that the "
         "`scenario`, `fabric` and `netsim_run` fixtures of a test use")
@@ -74,6 +88,15 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     if file_path.suffix == ".toml" and session.is_scenario_file(file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tests using the network fixtures join their tier, as scenario files do, so that
+    `-m "not netns and not ddp"` never selects a test that builds a network or trains."""
+    for fixture in getattr(item, "fixturenames", ()):
+        for name in FIXTURE_TIERS.get(fixture, ()):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -104,6 +127,8 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kwargs)
         self.scenario = scenario
         self.add_marker(pytest.mark.netsim)
+        for name in TIER_MARKERS:  # it builds its network and trains in it
+            self.add_marker(name)
         self.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
 
     def runtest(self) -> None:
