@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 XDIST_GROUP = "netsim-ddp"
 _SESSION: pytest.StashKey[NetsimSession] = pytest.StashKey()
+# Runs that tests made through `netsim_run` of a scenario exactly as loaded (no overrides), by
+# the scenario's JSON: that file's own item reports such a run rather than measure it again.
+_RUNS: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "`scenario`, `fabric` and `netsim_run` fixtures of a test use")
     from .session import NetsimSession, SessionOptionError
 
+    config.stash[_RUNS] = {}
     try:
         config.stash[_SESSION] = NetsimSession.from_config(config)
     except SessionOptionError as exc:
@@ -140,7 +144,9 @@ class ScenarioItem(pytest.Item):
             if not sweep.passed:
                 raise ScenarioFailure(session.sweep_failure_text(sweep))
             return
-        report = session.run(self.scenario)
+        report = self.config.stash[_RUNS].get(self.scenario.model_dump_json())
+        if report is None:
+            report = session.run(self.scenario)
         self.user_properties.extend(session.properties(report))
         if report.status == "refused":
             pytest.skip(f"{self.scenario.name}: refused: {report.refused}")
@@ -199,15 +205,20 @@ def fabric(scenario: Scenario) -> Iterator[Any]:
         yield built
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def netsim_run(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """Run a scenario's training (its file, dict or Scenario) with this session's options;
-    returns the ScenarioReport (modes, checks, status)."""
+    returns the ScenarioReport (modes, checks, status). A run without overrides is the one its
+    scenario file's item would make: that item reports it rather than measure it again."""
     session = request.config.stash[_SESSION]
 
     def run(source: Scenario | str | Path | dict[str, Any], **kwargs: Any) -> Any:
         _skip_unless_buildable()
-        return session.run(_as_scenario(source), **kwargs)
+        scenario = _as_scenario(source)
+        report = session.run(scenario, **kwargs)
+        if not kwargs and scenario.sweep is None:
+            request.config.stash[_RUNS][scenario.model_dump_json()] = report
+        return report
 
     return run
 
