@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 XDIST_GROUP = "netsim-ddp"
 _SESSION: pytest.StashKey[NetsimSession] = pytest.StashKey()
+# Runs that tests made through `netsim_run` of a scenario exactly as loaded (no overrides), by
+# the scenario's JSON: that file's own item reports such a run rather than measure it again.
+_RUNS: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,13 +51,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   help="folders whose *.toml files are scenarios (default: scenarios)")
 
 
+# Test tiers: a test that builds a network is `netns`; one that trains is `ddp` as well, so
+# `pytest -m "not netns and not ddp"` selects the tests that need neither privileges nor time.
+TIER_MARKERS = {
+    "netns": "needs root or user namespaces to build a real emulated network",
+    "ddp": "runs real DDP training (slower)",
+}
+# The plugin's fixtures, and the tiers a test that uses one belongs to.
+FIXTURE_TIERS = {"fabric": ("netns",), "make_fabric": ("netns",), "netsim_run": ("netns", "ddp")}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "netsim: a netsim-ddp scenario run")
+    registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for name, description in TIER_MARKERS.items():
+        if name not in registered:  # a project may describe its tiers itself
+            config.addinivalue_line("markers", f"{name}: {description}")
     config.addinivalue_line(
         "markers", "netsim_scenario(source): the scenario (file, dict or Scenario) that the "
         "`scenario`, `fabric` and `netsim_run` fixtures of a test use")
     from .session import NetsimSession, SessionOptionError
 
+    config.stash[_RUNS] = {}
     try:
         config.stash[_SESSION] = NetsimSession.from_config(config)
     except SessionOptionError as exc:
@@ -74,6 +92,15 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     if file_path.suffix == ".toml" and session.is_scenario_file(file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Tests using the network fixtures join their tier, as scenario files do, so that
+    `-m "not netns and not ddp"` never selects a test that builds a network or trains."""
+    for fixture in getattr(item, "fixturenames", ()):
+        for name in FIXTURE_TIERS.get(fixture, ()):
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -104,6 +131,8 @@ class ScenarioItem(pytest.Item):
         super().__init__(**kwargs)
         self.scenario = scenario
         self.add_marker(pytest.mark.netsim)
+        for name in TIER_MARKERS:  # it builds its network and trains in it
+            self.add_marker(name)
         self.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
 
     def runtest(self) -> None:
@@ -115,7 +144,9 @@ class ScenarioItem(pytest.Item):
             if not sweep.passed:
                 raise ScenarioFailure(session.sweep_failure_text(sweep))
             return
-        report = session.run(self.scenario)
+        report = self.config.stash[_RUNS].get(self.scenario.model_dump_json())
+        if report is None:
+            report = session.run(self.scenario)
         self.user_properties.extend(session.properties(report))
         if report.status == "refused":
             pytest.skip(f"{self.scenario.name}: refused: {report.refused}")
@@ -174,15 +205,20 @@ def fabric(scenario: Scenario) -> Iterator[Any]:
         yield built
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def netsim_run(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """Run a scenario's training (its file, dict or Scenario) with this session's options;
-    returns the ScenarioReport (modes, checks, status)."""
+    returns the ScenarioReport (modes, checks, status). A run without overrides is the one its
+    scenario file's item would make: that item reports it rather than measure it again."""
     session = request.config.stash[_SESSION]
 
     def run(source: Scenario | str | Path | dict[str, Any], **kwargs: Any) -> Any:
         _skip_unless_buildable()
-        return session.run(_as_scenario(source), **kwargs)
+        scenario = _as_scenario(source)
+        report = session.run(scenario, **kwargs)
+        if not kwargs and scenario.sweep is None:
+            request.config.stash[_RUNS][scenario.model_dump_json()] = report
+        return report
 
     return run
 

@@ -18,7 +18,8 @@ def needs_fabric(capabilities):
     return capabilities
 
 
-pytest_plugins = ["pytester"]
+# tier_guard: a unit-tier test that builds a namespace or trains fails, naming its marker.
+pytest_plugins = ["pytester", "tier_guard"]
 
 
 @pytest.fixture

@@ -31,6 +31,9 @@ def one_rank_group() -> Iterator[None]:
     if dist.is_initialized():  # pragma: no cover - another test left one behind
         pytest.fail("a process group is already initialised in this process")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    # DDP's constructor imports torch._dynamo (1-2 s, once per process): paid here, so no
+    # test's own time includes it.
+    import torch._dynamo  # noqa: F401
     yield
     dist.destroy_process_group()
 

@@ -21,7 +21,9 @@ ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
 TINY = dict(params="200k", batch_size=16, iterations=4, warmup=1, modes=ALL_MODES)
 
 
-@pytest.fixture(scope="module", params=["1node-x-2ranks", "2nodes-x-1rank"])
+# Every test reading `run` trains: the fixture's params carry the `ddp` marker to them.
+@pytest.fixture(scope="module", params=[pytest.param(layout, marks=pytest.mark.ddp)
+                                        for layout in ("1node-x-2ranks", "2nodes-x-1rank")])
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp(request.param)
     if request.param == "1node-x-2ranks":
@@ -107,6 +109,7 @@ def test_torchrun_command_line() -> None:
         assert piece in text
 
 
+@pytest.mark.ddp
 def test_crashing_rank_fails_fast_and_cleans_up(tmp_path: Path, factories_env: dict) -> None:
     # Rank 1 raises in the factory; rank 0, on the other node, is left waiting in DDP's
     # parameter broadcast and only launch can end it.
@@ -125,6 +128,7 @@ def test_crashing_rank_fails_fast_and_cleans_up(tmp_path: Path, factories_env: d
     assert live_processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.ddp
 def test_timeout_kills_everything(tmp_path: Path, factories_env: dict) -> None:
     spec = RankSpec(workload=WorkloadConfig(model="workload_factories:hang_on_rank1",
                                             params=1000, iterations=2))  # fmt: skip
@@ -146,6 +150,7 @@ def test_timeout_kills_everything(tmp_path: Path, factories_env: dict) -> None:
     assert live_processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.ddp
 def test_profiler_traces_and_allreduce_time(tmp_path: Path) -> None:
     # 2M parameters (8 MB of FP32 gradients) so the all-reduce is long enough on loopback
     # (~10 ms) to stand out of the timing noise; fp32 only, profiling is slow.
@@ -189,6 +194,7 @@ def test_profiler_traces_and_allreduce_time(tmp_path: Path) -> None:
     assert 1 / 1.5 <= ratio <= 1.5, f"collective_s / profiler all-reduce per step: {ratios}"
 
 
+@pytest.mark.ddp
 def test_gloo_binds_to_the_named_interface(tmp_path: Path) -> None:
     # launch's socket_ifname reaches gloo as GLOO_SOCKET_IFNAME (the harness passes eth0).
     spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"]))
