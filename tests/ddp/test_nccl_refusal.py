@@ -22,6 +22,7 @@ def no_nccl_here():
     return inventory.missing
 
 
+@pytest.mark.ddp  # `netsim-ddp run`, even though it refuses before building anything
 def test_cli_run_refuses_nccl_with_what_is_missing(no_nccl_here, run_cli, tmp_path):
     result = run_cli("run", ROOT / SHIPPED, "--json", tmp_path / "out.json", timeout=120)
     assert result.returncode == 1, result.stderr
@@ -34,6 +35,8 @@ def test_cli_run_refuses_nccl_with_what_is_missing(no_nccl_here, run_cli, tmp_pa
     assert entry["placement"]["host_gpus"]["nccl_usable"] is False
 
 
+@pytest.mark.netns
+@pytest.mark.ddp  # a pytest session running the shipped scenario file
 def test_pytest_skips_the_nccl_scenario_with_the_reason(no_nccl_here, pytester, needs_fabric):
     folder = pytester.path / "scenarios"
     folder.mkdir()

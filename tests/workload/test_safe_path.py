@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from conftest import LoopbackNode
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 
@@ -14,6 +16,7 @@ def poison(folder: Path, marker: Path) -> Path:
     return folder
 
 
+@pytest.mark.ddp  # real ranks on loopback
 def test_ranks_and_torchrun_ignore_a_json_py_in_the_callers_cwd(tmp_path, monkeypatch):
     marker = tmp_path / "imported"
     monkeypatch.chdir(poison(tmp_path / "cwd", marker))
