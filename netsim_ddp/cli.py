@@ -86,6 +86,20 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
         err.print(f"wrote {target}")
 
 
+def _gate_options(command):
+    """The baseline gate's options, as `run` and `host` take them (node 0 gates for `host`)."""
+    for option in reversed((
+        click.option("--baseline", metavar="PATH", help="Gate the results against a baseline."),
+        click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline."),
+        click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
+                     help="Allowed regression against the baseline, e.g. median:10% "
+                          "(repeatable)."),
+        click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
+                     help="Significance level of verdicts and regressions."))):
+        command = option(command)
+    return command
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="netsim-ddp")
 def main() -> None:
@@ -292,12 +306,7 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
               help="Run scenarios whose links this host cannot drive (results marked untrusted).")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
-@click.option("--baseline", metavar="PATH", help="Gate the results against this baseline.")
-@click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline.")
-@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
-              help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
-@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
-              help="Significance level of verdicts and regressions.")
+@_gate_options
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
               help="nccl-tests all_reduce_perf output of the target cluster: sweeps project "
                    "from it (overrides [sweep.projection] calibration).")
@@ -412,12 +421,7 @@ def _print_report(human: Console, report) -> None:
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
 @click.option("--allow-untrusted", is_flag=True,
               help="Run even if the hosts cannot drive the links (results marked untrusted).")
-@click.option("--baseline", metavar="PATH", help="Node 0: gate the results against a baseline.")
-@click.option("--save-baseline", metavar="PATH", help="Node 0: save the results as a baseline.")
-@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
-              help="Allowed regression against the baseline, e.g. median:10% (repeatable).")
-@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
-              help="Significance level of verdicts and regressions.")
+@_gate_options
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
          timeout_s: float | None, join_timeout_s: float, no_ingress: bool,

@@ -41,6 +41,7 @@ from typing import Any
 
 from .fabric import naming
 from .fabric.capabilities import probe_capabilities
+from .fabric.core import signals_raise
 from .fabric.nic import JOB_ENV, NicRestoreError, ShapedNic
 from .fabric.own_link import NIC_ENV
 from .runner import ScenarioReport, finish_report, probe_and_train
@@ -558,23 +559,9 @@ def _rate(bps: float | None) -> str:
     return format_rate(bps) if bps else "unshaped"
 
 
-@contextlib.contextmanager
-def signals_raise():
-    """SIGTERM and SIGHUP (a scheduler cancelling the job) end the agent through its
-    `finally`s, so the NIC is restored."""
-
-    def _raise(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run_host(options: HostOptions, progress: Progress = lambda message: None
              ) -> ScenarioReport | str:
+    # SIGTERM and SIGHUP (a scheduler cancelling the job) end the agent through its
+    # `finally`s, so the NIC is restored.
     with signals_raise():
         return HostAgent(options, progress).run()

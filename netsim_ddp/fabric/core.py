@@ -106,7 +106,7 @@ class Fabric:
         plan = self._plan()
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(_signals_raise())
+            stack.enter_context(signals_raise())
             lock = naming.RunLock(self.run_id)
             lock.acquire()
             stack.callback(lock.release)
@@ -405,7 +405,7 @@ def _signals_deferred() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():
-            if signal.getsignal(sig) is defer:  # else teardown restored its own (_signals_raise)
+            if signal.getsignal(sig) is defer:  # else teardown restored its own (signals_raise)
                 signal.signal(sig, handler)
     if received:
         if received[0] == signal.SIGINT:
@@ -414,7 +414,7 @@ def _signals_deferred() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
+def signals_raise() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into exceptions while the fabric lives, so teardown runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
