@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,3 +45,19 @@ def live_processes_mentioning(text: str) -> list[str]:
 def factories_env() -> dict[str, str]:
     """Lets the ranks import tests/workload/workload_factories.py."""
     return {"PYTHONPATH": str(HERE)}
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> Iterator[None]:
+    """A gloo process group of one rank in this process, for DDP without launching ranks
+    (torch is imported here, not at collection, so torch-free tests stay torch-free)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # pragma: no cover - another test left one behind
+        pytest.fail("a process group is already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    # DDP's constructor imports torch._dynamo (1-2 s, once per process): paid here, so no
+    # test's own time includes it.
+    import torch._dynamo  # noqa: F401
+    yield
+    dist.destroy_process_group()

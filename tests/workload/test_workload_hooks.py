@@ -6,11 +6,8 @@ to the all-reduce (dtype, bytes) and that our amp-fp16 hook is torch's fp16_comp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     bf16_compress_hook,
     fp16_compress_hook,
@@ -26,16 +23,7 @@ from netsim_ddp.workload.rank import resolve_backend
 PARAMS = 20_000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    if dist.is_initialized():  # pragma: no cover - another test left one behind
-        pytest.fail("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    # DDP's constructor imports torch._dynamo (1-2 s, once per process): paid here, so no
-    # test's own time includes it.
-    import torch._dynamo  # noqa: F401
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # tests/workload/conftest.py
 
 
 def grads_after_one_step(mode: Mode, hook: object = None) -> tuple[list[torch.Tensor], SentBytes]:

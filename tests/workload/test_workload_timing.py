@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,7 @@ PARAMS = 200_000
 HOLD_S = 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    if dist.is_initialized():  # pragma: no cover - another test left one behind
-        pytest.fail("a process group is already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")  # tests/workload/conftest.py
 
 
 class SlowNetworkMode(Mode):
