@@ -49,11 +49,11 @@ from .scenario import Scenario
 from .workload import ModeResult, RankSpec, WorkloadError
 from .workload.launch import (
     RANK_MODULE,
-    _failure_report,
-    _kill_all,
-    _rank_errors,
-    _read_results,
+    failure_report,
+    kill_all,
     rank_env,
+    rank_errors,
+    read_results,
 )
 from .workload.window import SIGNAL_DIR_ENV
 
@@ -386,7 +386,7 @@ class HostAgent:
                           spec.model_dump_json(), timeout_s, profile, portable)
             control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
             self._run_phase(control, phase)
-            return _read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+            return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
 
         try:
             trained = probe_and_train(options.scenario, workload, report, options.out_dir,
@@ -473,12 +473,12 @@ class HostAgent:
                     if time.monotonic() > deadline:
                         raise HostError(f"{control.describe(options.node_rank)}: its ranks "
                                         f"timed out after {phase.timeout_s:g} s\n"
-                                        + _failure_report([node], logs, []))
+                                        + failure_report([node], logs, []))
                     time.sleep(POLL_S)
             finally:
-                _kill_all([process])
+                kill_all([process])
         if code != 0:
-            self._raise_after_grace(control, _failure_report([node], logs, [0]), logs)
+            self._raise_after_grace(control, failure_report([node], logs, [0]), logs)
         files = sorted(p.name for p in out.glob("*.json")
                        if p.name.startswith("result-") or p.name == "allreduce.json")
         for name in files:
@@ -498,7 +498,7 @@ class HostAgent:
         within moments, or its heartbeat stops (killed): wait for that, then abort with the
         earliest failure any agent reported (the root cause; the others are echoes)."""
         options = self.options
-        stamps = [stamp for stamp, *_ in _rank_errors(logs, _LocalNode(options.node_name, ""))]
+        stamps = [stamp for stamp, *_ in rank_errors(logs, _LocalNode(options.node_name, ""))]
         control.set(f"failed/{options.node_rank}",
                     json.dumps({"time": min(stamps, default=int(time.time())),
                                 "echo": _looks_like_echo(failure), "report": failure}))

@@ -148,7 +148,7 @@ def launch(
 
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
-        stack.callback(_kill_all, procs)  # runs however we leave: success, failure, Ctrl-C
+        stack.callback(kill_all, procs)  # runs however we leave: success, failure, Ctrl-C
         for node_rank, node in enumerate(nodes):
             argv = torchrun_argv(
                 nnodes=len(nodes),
@@ -180,11 +180,11 @@ def launch(
             f"workload timed out after {timeout_s:g}s; still running: "
             + ", ".join(nodes[i].name for i in timed_out)
             + "\n"
-            + _failure_report(nodes, logs, failed)
+            + failure_report(nodes, logs, failed)
         )
     if failed:
-        raise WorkloadError(_failure_report(nodes, logs, failed))
-    return _read_results(out, spec, logs)
+        raise WorkloadError(failure_report(nodes, logs, failed))
+    return read_results(out, spec, logs)
 
 
 def _wait_all(
@@ -224,7 +224,7 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _rank_errors(logs: Path, node: Node) -> list[tuple[int, str, Path]]:
+def rank_errors(logs: Path, node: Node) -> list[tuple[int, str, Path]]:
     """(timestamp, message, rank log dir) from the error files torchrun's @record writes."""
     found = []
     for path in (logs / node.name).rglob("error.json"):
@@ -236,7 +236,7 @@ def _rank_errors(logs: Path, node: Node) -> list[tuple[int, str, Path]]:
     return found
 
 
-def _failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) -> str:
+def failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) -> str:
     """Which rank failed first and the tail of its stderr; else every node's output.
 
     When one rank dies, ranks on other nodes fail soon after ("connection closed by peer"),
@@ -247,7 +247,7 @@ def _failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) ->
     errors = sorted(
         (stamp, order.get(index, len(nodes)), index, message, rank_dir)
         for index, node in enumerate(nodes)
-        for stamp, message, rank_dir in _rank_errors(logs, node)
+        for stamp, message, rank_dir in rank_errors(logs, node)
     )
     if errors:
         _, _, index, message, rank_dir = errors[0]
@@ -268,7 +268,7 @@ def _failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) ->
     return "\n".join(reports)
 
 
-def _read_results(out: Path, spec: RankSpec, logs: Path) -> dict[str, ModeResult]:
+def read_results(out: Path, spec: RankSpec, logs: Path) -> dict[str, ModeResult]:
     results: dict[str, ModeResult] = {}
     for mode in spec.selected_modes():
         path = result_path(out, mode)
@@ -320,7 +320,7 @@ def _signal(pid: int, sig: signal.Signals, group: bool = False) -> None:
         os.killpg(pid, sig) if group else os.kill(pid, sig)
 
 
-def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     """Kill each still-running torchrun, its process group and all its descendants; wait."""
     own_group = os.getpgrp()
     doomed: list[int] = []
