@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 PORT = 29531
 
 
-def small_default(tmp_path: Path, iterations: int = 5) -> Path:
-    """The shipped default's network (two nodes, 1 Gbit/s links) with a small, quick model."""
+def small_default(tmp_path: Path, iterations: int = 5, probe: bool = True) -> Path:
+    """The shipped default's network (two nodes, 1 Gbit/s links) with a small, quick model;
+    `probe=False` skips the fidelity probe where a test judges something else."""
     data = tomllib.loads((ROOT / "scenarios" / "default.toml").read_text())
     data["workload"].update(params="2M", batch_size=8, iterations=iterations, warmup=1)
+    data["fidelity"]["enabled"] = probe
     lines = []
     for table, values in data.items():
         if isinstance(values, dict):
@@ -107,7 +109,8 @@ def test_a_killed_agent_ends_the_run_and_clean_restores_its_nic(two_hosts, tmp_p
     h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
             "321"], check=True)
     before = [host.tc_dump() for host in two_hosts]
-    agents = start_agents(two_hosts, small_default(tmp_path, iterations=500), tmp_path)
+    agents = start_agents(two_hosts, small_default(tmp_path, iterations=500, probe=False),
+                          tmp_path)
     try:
         for line in agents[0].stdout:  # both NICs shaped, and the ranks training
             if ": training " in line:

@@ -10,7 +10,10 @@ import pytest
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 
 
-def scenario_toml(name="tiny", rate="500mbit", modes=("fp32", "amp-fp16"), expect=""):
+def scenario_toml(name="tiny", rate="500mbit", modes=("fp32", "amp-fp16"), expect="",
+                  probe=True, attempts=3):
+    """A small scenario; `probe=False` skips the fidelity probe (a launch of its own) where a
+    test judges something else."""
     return textwrap.dedent(f"""
         name = "{name}"
         [topology]
@@ -23,6 +26,9 @@ def scenario_toml(name="tiny", rate="500mbit", modes=("fp32", "amp-fp16"), expec
         iterations = 6
         warmup = 1
         modes = {json.dumps(list(modes))}
+        [fidelity]
+        enabled = {json.dumps(probe)}
+        attempts = {attempts}
     """) + textwrap.dedent(expect)
 
 
@@ -57,18 +63,20 @@ def test_a_mode_that_does_not_compress_fails_the_comm_claim(pytester):
         max_ratio = 0.8
     """
     write(pytester, "false-claim", scenario_toml("false-claim", modes=("fp32", "amp"),
-                                                 expect=claim))
+                                                 expect=claim, probe=False))
     result = pytester.runpytest_subprocess("scenarios")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAILED expect:comm_s.median:amp/fp32*needs <= 0.8 x*"])
 
 
 def test_a_baseline_taken_at_twice_the_bandwidth_fails_the_gate(pytester):
-    write(pytester, "gated", scenario_toml("gated", rate="1gbit"))
+    # fp32 alone, no probe: the gate compares each mode with its own baseline
+    write(pytester, "gated", scenario_toml("gated", rate="1gbit", modes=("fp32",), probe=False))
     saved = pytester.runpytest_subprocess("scenarios", "--netsim-save-baseline=base.json")
     saved.assert_outcomes(passed=1)
     assert json.loads((pytester.path / "base.json").read_text())["benchmarks"]
-    write(pytester, "gated", scenario_toml("gated", rate="500mbit"))
+    write(pytester, "gated", scenario_toml("gated", rate="500mbit", modes=("fp32",),
+                                           probe=False))
     gated = pytester.runpytest_subprocess("scenarios", "--netsim-baseline=base.json",
                                           "--netsim-tolerance=median:10%")
     gated.assert_outcomes(failed=1)
@@ -79,9 +87,8 @@ def test_a_baseline_taken_at_twice_the_bandwidth_fails_the_gate(pytester):
 def test_a_sweep_the_host_cannot_drive_is_skipped_with_the_reason(pytester):
     # The 2-node point at 10 Gbit/s is refused here (gloo tops out near 5 Gbit/s); the 1-node
     # point has no network to probe and runs.
-    sweep = scenario_toml("too-fast", rate="10gbit", modes=("fp32",)) + textwrap.dedent("""
-        [fidelity]
-        attempts = 1
+    sweep = scenario_toml("too-fast", rate="10gbit", modes=("fp32",),
+                          attempts=1) + textwrap.dedent("""
         [sweep]
         nodes = [1, 2]
     """)
