@@ -22,20 +22,38 @@ ROOT = Path(__file__).resolve().parents[2]
 PORT = 29531
 
 
+def scenario_variant(tmp_path: Path, shipped: str, *, background: list | None = None,
+                     topology: dict | None = None, **workload) -> Path:
+    """A shipped scenario's network (its topology changed by `topology`, flows added) with a
+    small, quick model, written where only this test reads it."""
+    data = tomllib.loads((ROOT / "scenarios" / f"{shipped}.toml").read_text())
+    data["topology"].update(topology or {})
+    data["workload"].update({"params": "2M", "batch_size": 8, "iterations": 5, "warmup": 1,
+                             **workload})
+    if background:
+        data["background"] = background
+    plain = [f"{key} = {_toml(value)}" for key, value in data.items()
+             if not isinstance(value, dict)]
+    tables = [f"[{table}]\n" + "\n".join(f"{key} = {_toml(value)}"
+                                           for key, value in values.items())
+              for table, values in data.items() if isinstance(values, dict)]
+    path = tmp_path / f"{shipped}-variant.toml"
+    path.write_text("\n".join(plain + tables) + "\n")
+    return path
+
+
+def _toml(value) -> str:
+    """A TOML value; tables inline (`[[link.override]]` becomes `override = [{...}]`)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return json.dumps(value)
+
+
 def small_default(tmp_path: Path, iterations: int = 5) -> Path:
     """The shipped default's network (two nodes, 1 Gbit/s links) with a small, quick model."""
-    data = tomllib.loads((ROOT / "scenarios" / "default.toml").read_text())
-    data["workload"].update(params="2M", batch_size=8, iterations=iterations, warmup=1)
-    lines = []
-    for table, values in data.items():
-        if isinstance(values, dict):
-            lines.append(f"[{table}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-        else:
-            lines.insert(0, f"{table} = {json.dumps(values)}")
-    path = tmp_path / "default-small.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return scenario_variant(tmp_path, "default", iterations=iterations)
 
 
 def start_agents(hosts, scenario: Path, tmp_path: Path, *extra):
@@ -99,6 +117,60 @@ def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
         assert all(sent > 0 for sent in counted.values())
         assert sum(counted.values()) / mode["iterations"] == pytest.approx(
             mode["wire_bytes_per_iteration"])
+
+
+def run_to_the_end(hosts, scenario: Path, tmp_path: Path) -> dict:
+    """Every agent to its end; node 0's report, with every NIC as it was before."""
+    before = [host.tc_dump() for host in hosts]
+    agents = start_agents(hosts, scenario, tmp_path)
+    outputs = [finish(agent, 240) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0] * len(hosts), "\n".join(outputs)
+    assert [host.tc_dump() for host in hosts] == before
+    (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
+    assert report["status"] == "passed", report["checks"]
+    return report
+
+
+@pytest.mark.ddp
+def test_three_hosts_run_default_with_background_flows_between_them(three_hosts, tmp_path):
+    # Flows by node name, as in a local scenario: from n0 to n2 and from n2 to n1, fixed
+    # on/off so both modes' windows see them on.
+    flow = {"on": "200ms", "off": "100ms", "distribution": "fixed", "rate": "300mbit"}
+    scenario = scenario_variant(
+        tmp_path, "default", topology={"nodes": 3}, modes=["fp32", "amp-fp16"], iterations=4,
+        background=[{"source": "n0", "destination": "n2", "seed": 1, **flow},
+                    {"source": "n2", "destination": "n1", "seed": 2, **flow}])
+    report = run_to_the_end(three_hosts, scenario, tmp_path)
+    checks = {check["name"] for check in report["checks"]}
+    assert {"fidelity", "wire-bytes:amp-fp16/fp32", "expect:comm_s.median:amp-fp16/fp32",
+            "crossed:fp32", "crossed:amp-fp16", "background:fp32",
+            "background:amp-fp16"} <= checks
+    for name, mode in report["modes"].items():
+        # the flows' bytes, counted by their ends on two hosts, were taken off the links'...
+        assert mode["background_bytes_per_iteration"] > 0.2 * mode[
+            "wire_bytes_per_iteration"], name
+        # ...and they ran where the scenario put them: n1 only acknowledges flow 1, so it
+        # sends less than the two senders (the ring gives every node the same share)
+        sent = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
+        assert sent["nsdhost1"] < min(sent["nsdhost0"], sent["nsdhost2"]), (name, sent)
+    for name, host in report["hosts"].items():  # one machine: one clock, found as such
+        assert abs(host["clock"]["offset_s"]) <= host["clock"]["error_s"] + 0.002, name
+
+
+@pytest.mark.ddp
+def test_slow_node_on_three_hosts_slows_the_right_nic(three_hosts, tmp_path):
+    # The shipped slow-node on three hosts: its override by name (gpu3) is node rank 2's.
+    scenario = scenario_variant(tmp_path, "slow-node", modes=["fp32", "amp-fp16"], iterations=4,
+                                topology={"nodes": 3, "names": ["gpu0", "gpu1", "gpu3"]})
+    report = run_to_the_end(three_hosts, scenario, tmp_path)
+    rates = {name: (host["node_rank"], host["shaping"]["egress_bps"],
+                    host["shaping"]["ingress_bps"]) for name, host in report["hosts"].items()}
+    assert rates == {"gpu0": (0, 1e9, 1e9), "gpu1": (1, 1e9, 1e9), "gpu3": (2, 250e6, 250e6)}
+    fidelity = report["fidelity"]  # the all-reduce ran at the slow link's pace, not faster
+    assert fidelity["expected_bps"] < 250e6
+    assert 0.9 <= fidelity["busbw_bps"] / fidelity["expected_bps"] <= 1.05
+    assert {"wire-bytes:amp-fp16/fp32", "expect:comm_s.median:amp-fp16/fp32"} <= {
+        check["name"] for check in report["checks"]}
 
 
 @pytest.mark.ddp
