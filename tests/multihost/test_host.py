@@ -79,62 +79,32 @@ def host_state(host) -> Path:
         return state_path(NIC)
 
 
-@pytest.mark.ddp
-def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
-    h0, h1 = two_hosts
-    # someone's own qdisc on one NIC, the kernel's default on the other: both must come back
-    h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
-            "321"], check=True)
-    before = [host.tc_dump() for host in two_hosts]
-    agents = start_agents(two_hosts, small_default(tmp_path), tmp_path)
-    outputs = [finish(agent, 240) for agent in agents]
-    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)
-    assert "job finished (passed)" in outputs[1]
-    assert [host.tc_dump() for host in two_hosts] == before  # every NIC exactly as it was
-    assert not any(host_state(host).exists() for host in two_hosts)
-
-    (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
-    assert report["status"] == "passed", report["checks"]
-    assert not (tmp_path / "result1.json").exists()  # node 0 reports, the others don't
-    checks = {check["name"]: check for check in report["checks"]}
-    assert {"fidelity", "wire-bytes:amp/fp32", "wire-bytes:amp-fp16/fp32",
-            "expect:comm_s.median:amp-fp16/fp32"} <= set(checks)
-    # shaped to the scenario's rate, as each host's kernel reports it, in both directions...
-    for name, host in report["hosts"].items():
-        assert host["shaping"]["egress_bps"] == host["shaping"]["ingress_bps"] == 1e9, name
-        assert host["restored"] == {"ok": True, "error": None}
-    # ...and in effect: the all-reduce cannot beat the link (an unshaped veth runs ~5x faster)
-    fidelity = report["fidelity"]
-    assert 0.9 <= fidelity["busbw_bps"] / fidelity["expected_bps"] <= 1.05
-    modes = report["modes"]
-    ratio = (modes["amp-fp16"]["wire_bytes_per_iteration"]
-             / modes["fp32"]["wire_bytes_per_iteration"])
-    assert ratio == pytest.approx(0.5, abs=0.03)
-    # every host's own counters, gathered over torch.distributed, make up the wire bytes
-    for mode in modes.values():
-        counted = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
-        assert set(counted) == {"nsdhost0", "nsdhost1"}
-        assert all(sent > 0 for sent in counted.values())
-        assert sum(counted.values()) / mode["iterations"] == pytest.approx(
-            mode["wire_bytes_per_iteration"])
-
-
 def run_to_the_end(hosts, scenario: Path, tmp_path: Path) -> dict:
-    """Every agent to its end; node 0's report, with every NIC as it was before."""
+    """Every agent to its end; node 0's report, with every NIC exactly as it was before."""
     before = [host.tc_dump() for host in hosts]
     agents = start_agents(hosts, scenario, tmp_path)
     outputs = [finish(agent, 240) for agent in agents]
     assert [agent.returncode for agent in agents] == [0] * len(hosts), "\n".join(outputs)
+    assert "job finished (passed)" in outputs[-1]
     assert [host.tc_dump() for host in hosts] == before
+    assert not any(host_state(host).exists() for host in hosts)
     (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
     assert report["status"] == "passed", report["checks"]
+    assert not (tmp_path / "result1.json").exists()  # node 0 reports, the others don't
+    for name, host in report["hosts"].items():
+        assert host["restored"] == {"ok": True, "error": None}, name
+        # one machine, one clock: each offset found as ~0
+        assert abs(host["clock"]["offset_s"]) <= host["clock"]["error_s"] + 0.002, name
     return report
 
 
 @pytest.mark.ddp
-def test_three_hosts_run_default_with_background_flows_between_them(three_hosts, tmp_path):
-    # Flows by node name, as in a local scenario: from n0 to n2 and from n2 to n1, fixed
-    # on/off so both modes' windows see them on.
+def test_three_hosts_run_default_with_the_checks_of_run(three_hosts, tmp_path):
+    """The shipped default on three hosts, with background flows between them by node name
+    (n0 to n2, n2 to n1) as in a local scenario; fixed on/off, so both modes meet them."""
+    # someone's own qdisc on one NIC, the kernel's default on the others: all must come back
+    three_hosts[1].run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo",
+                        "limit", "321"], check=True)
     flow = {"on": "200ms", "off": "100ms", "distribution": "fixed", "rate": "300mbit"}
     scenario = scenario_variant(
         tmp_path, "default", topology={"nodes": 3}, modes=["fp32", "amp-fp16"], iterations=4,
@@ -145,16 +115,29 @@ def test_three_hosts_run_default_with_background_flows_between_them(three_hosts,
     assert {"fidelity", "wire-bytes:amp-fp16/fp32", "expect:comm_s.median:amp-fp16/fp32",
             "crossed:fp32", "crossed:amp-fp16", "background:fp32",
             "background:amp-fp16"} <= checks
-    for name, mode in report["modes"].items():
-        # the flows' bytes, counted by their ends on two hosts, were taken off the links'...
+    # shaped to the scenario's rate, as each host's kernel reports it, in both directions...
+    for name, host in report["hosts"].items():
+        assert host["shaping"]["egress_bps"] == host["shaping"]["ingress_bps"] == 1e9, name
+    # ...and in effect: the all-reduce cannot beat the link (an unshaped veth runs ~5x faster)
+    fidelity = report["fidelity"]
+    assert 0.9 <= fidelity["busbw_bps"] / fidelity["expected_bps"] <= 1.05
+    modes = report["modes"]
+    ratio = (modes["amp-fp16"]["wire_bytes_per_iteration"]
+             / modes["fp32"]["wire_bytes_per_iteration"])
+    assert ratio == pytest.approx(0.5, abs=0.03)
+    for name, mode in modes.items():
+        # every host's own counters, gathered over torch.distributed, make up the wire bytes,
+        # training and background together...
+        sent = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
+        assert set(sent) == {"nsdhost0", "nsdhost1", "nsdhost2"}
+        assert sum(sent.values()) / mode["iterations"] == pytest.approx(
+            mode["wire_bytes_per_iteration"] + mode["background_bytes_per_iteration"])
+        # ...the flows' share, counted by their ends on two hosts, was taken off...
         assert mode["background_bytes_per_iteration"] > 0.2 * mode[
             "wire_bytes_per_iteration"], name
         # ...and they ran where the scenario put them: n1 only acknowledges flow 1, so it
         # sends less than the two senders (the ring gives every node the same share)
-        sent = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
         assert sent["nsdhost1"] < min(sent["nsdhost0"], sent["nsdhost2"]), (name, sent)
-    for name, host in report["hosts"].items():  # one machine: one clock, found as such
-        assert abs(host["clock"]["offset_s"]) <= host["clock"]["error_s"] + 0.002, name
 
 
 @pytest.mark.ddp
