@@ -10,13 +10,9 @@ from click.testing import CliRunner
 from test_sweep_synthetic import base, fake_runner
 
 from netsim_ddp import Scenario
-from netsim_ddp.calibrate import (
-    CalibrationError,
-    collective_time,
-    load_allreduce,
-    project_calibrated,
-)
+from netsim_ddp.calibrate import CalibrationError, load_allreduce
 from netsim_ddp.cli import main
+from netsim_ddp.cluster import collective_time, project_calibrated
 from netsim_ddp.costmodel import TYPICAL_ETHERNET_ALPHA_S
 from netsim_ddp.report import projection_table
 from netsim_ddp.runner import results_document
@@ -24,8 +20,10 @@ from netsim_ddp.sweep import SweepConfig, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"
+ONE_SERVER_RUN = ROOT / "scenarios" / "calibrations" / "gloo-1node-2ranks.txt"
 ONE_HOST = ROOT / "tests" / "unit" / "nccl-tests" / "old-format-error-column.txt"
-SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("*.txt"))
+# The shipped network calibrations (2+ hosts); gloo-1node-2ranks.txt is one server's.
+SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("gloo-*nodes-*.txt"))
 
 
 @pytest.mark.parametrize("path", [A3MEGA, *SHIPPED], ids=lambda p: p.name)
@@ -98,7 +96,7 @@ def test_a_sweep_projects_from_its_calibration_and_says_so():
     exposed = max(0.0, allreduce - sweep.fit.model.overlap * projection.compute_s["fp32"])
     assert by["fp32", 16]["exposed_comm_s"] == pytest.approx(exposed)
     assumptions = " ".join(projection.assumptions())
-    assert "nccl-tests" in assumptions and "ring 2(h-1)" in assumptions
+    assert "nccl-tests" in assumptions and "ring 2(n-1)" in assumptions
     # And a sweep reading the file relative to itself:
     scenario = at(ROOT / "scenarios" / "sweep.toml")
     relative = calibrated_config(Path("..") / "tests" / "unit" / "nccl-tests" / A3MEGA.name)
@@ -142,12 +140,15 @@ def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(results_document([], [sweep])))
     out = tmp_path / "report"
+    # The network from one file, NVLink from a one-server run in another (--calibration twice).
     done = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
-                                     "--calibration", str(A3MEGA)])
+                                     "--calibration", str(A3MEGA),
+                                     "--calibration", str(ONE_SERVER_RUN)])
     assert done.exit_code == 0, done.output
     text = (out / "report.md").read_text()
     assert "from the calibration's nccl-tests" in text and "held-out error" in text
-    assert " tree" in text or " ring" in text
+    assert " tree" in text or " ring" in text or " hier" in text
+    assert "2 GPU(s) per server (the one-server run" in text
     bad = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
                                     "--calibration", str(ONE_HOST.parent / "separate-jobs.txt")])
     assert bad.exit_code == 2 and "--calibration:" in bad.stderr

@@ -19,7 +19,8 @@ from netsim_ddp.calibrate import (
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"
-SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("*.txt"))
+# The shipped network calibrations (2+ hosts); gloo-1node-2ranks.txt is one server's.
+SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("gloo-*nodes-*.txt"))
 
 
 def big(calibration: Calibration) -> list[dict]:
