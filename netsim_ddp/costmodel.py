@@ -355,11 +355,13 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
             gpus: Sequence[int] = (16, 64, 256, 1024),
             link_bps: Sequence[float] = (10e9, 25e9, 100e9),
             alpha_s: float | None = None, typical_alpha_s: float | None = None,
-            typical_beyond: int = 0) -> Projection:
+            typical_beyond: int = 0, latency_bound_beyond: int | None = None) -> Projection:
     """Scaling efficiency of each mode at each GPU count and link rate, from the model;
     `alpha_s` replaces the fitted per-hop latency with the target cluster's; `typical_alpha_s`
     adds, to each row past `typical_beyond` GPUs, the step and efficiency with that per-hop
-    latency instead (the side-by-side a projection far past the measured sizes shows)."""
+    latency instead (the side-by-side a projection far past the measured sizes shows); and to
+    each row past `latency_bound_beyond` GPUs whose all-reduce is more latency than bandwidth
+    (there the fitted per-hop latency, not the link, decides the number)."""
     fitted_alpha = model.alpha_s
     if alpha_s is not None:
         model = replace(model, alpha_s=float(alpha_s))
@@ -383,12 +385,15 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
                     "exposed_comm_s": model.exposed_comm_s(point),
                     "efficiency": compute[mode] / step, "algorithm": "flat ring",
                 }
-                if typical_alpha_s is not None and n > typical_beyond:
+                latency_bound = (latency_bound_beyond is not None and n > latency_bound_beyond
+                                 and point.hops * model.alpha_s
+                                 > point.bandwidth_term / model.bandwidth_efficiency)
+                if typical_alpha_s is not None and (n > typical_beyond or latency_bound):
                     typical = replace(model, alpha_s=typical_alpha_s).step_s(point)
                     row |= {"step_s_typical_alpha": typical,
                             "efficiency_typical_alpha": compute[mode] / typical}
                 projection.rows.append(row)
-    if typical_alpha_s is not None:
+    if typical_alpha_s is not None and any("step_s_typical_alpha" in r for r in projection.rows):
         projection.typical_alpha_s = typical_alpha_s
         projection.alpha_source = (
             f"as fitted here: THIS HOST'S STACK (gloo, the kernel's TCP over veths on a CPU "

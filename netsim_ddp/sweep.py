@@ -317,22 +317,23 @@ def _project(report: SweepReport, usable: list[SweepPoint]) -> Projection | None
         except CalibrationError as exc:
             report.notes.append(f"no projection: {exc}")
             return None
-    # Far past the measured sizes the fitted per-hop latency (this host's stack) decides the
-    # result: show it next to a typical NCCL one rather than as one number.
+    # Far past the measured sizes, or past them where the all-reduce is more latency than
+    # bandwidth, the fitted per-hop latency (this host's stack) decides the result: show it
+    # next to a typical NCCL one rather than as one number.
     largest = max(point.world_size for point in usable)
-    far = config.alpha is None and max(config.gpus) > HOST_ALPHA_REACH * largest
     projection = project(report.fit.model, compute_s=compute, bytes_per_rank=bytes_per_rank,
                          buckets=buckets, gpus=config.gpus, link_bps=config.rates,
                          alpha_s=config.alpha,
-                         typical_alpha_s=TYPICAL_ETHERNET_ALPHA_S if far else None,
-                         typical_beyond=HOST_ALPHA_REACH * largest)
-    if far:
+                         typical_alpha_s=TYPICAL_ETHERNET_ALPHA_S if config.alpha is None else None,
+                         typical_beyond=HOST_ALPHA_REACH * largest, latency_bound_beyond=largest)
+    if projection.typical_alpha_s is not None:
         projection.notes.append(
-            f"beyond {HOST_ALPHA_REACH} x the largest measured world size ({largest}) the "
-            f"latency term is this host's stack (alpha {report.fit.model.alpha_s * 1e3:.3f} ms "
-            "per hop, gloo on a CPU host): those cells show the efficiency with it / with a "
-            f"typical NCCL-over-Ethernet {TYPICAL_ETHERNET_ALPHA_S * 1e6:.0f} us. Give your "
-            "cluster's alpha, or better a calibration (nccl-tests output), for a real answer")
+            f"beyond {HOST_ALPHA_REACH} x the largest measured world size ({largest}), and "
+            "beyond it wherever the all-reduce is more latency than bandwidth, the latency term "
+            f"is this host's stack (alpha {report.fit.model.alpha_s * 1e3:.3f} ms per hop, gloo "
+            "on a CPU host): those cells show the efficiency with it / with a typical "
+            f"NCCL-over-Ethernet {TYPICAL_ETHERNET_ALPHA_S * 1e6:.0f} us. Give your cluster's "
+            "alpha, or better a calibration (nccl-tests output), for a real answer")
     return projection
 
 

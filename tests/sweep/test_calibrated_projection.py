@@ -114,21 +114,26 @@ def test_a_bad_calibration_names_the_field_before_any_point_runs(tmp_path):
 
 
 def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_side():
-    # Measured up to 4 ranks: 16 GPUs is within 8 x, 64 and 1024 are not.
+    # Measured up to 4 ranks with 3 ms hops: 64 and 1024 GPUs are past 8 x; 16 GPUs is not, but
+    # at 100 Gbit/s its all-reduce is more latency (30 hops x 3 ms) than bandwidth, so the host's
+    # latency decides it there too; at 1 Gbit/s 16 GPUs are bandwidth-bound: one number.
     config = SweepConfig(nodes=[1, 2, 3, 4], projection={"gpus": [16, 64, 1024],
-                                                         "rates": ["100gbit"]})
+                                                         "rates": ["100gbit", "1gbit"]})
     sweep = run_sweep(base(), config, runner=fake_runner())
     projection = sweep.projection
-    by = {r["gpus"]: r for r in projection.rows if r["mode"] == "fp32"}
-    assert "efficiency_typical_alpha" not in by[16]
-    assert by[1024]["efficiency_typical_alpha"] > by[1024]["efficiency"]  # 3 ms vs 20 us hops
+    by = {(r["gpus"], r["link_bps"]): r for r in projection.rows if r["mode"] == "fp32"}
+    assert "efficiency_typical_alpha" not in by[16, 1e9]
+    assert by[16, 100e9]["efficiency_typical_alpha"] > by[16, 100e9]["efficiency"]
+    assert by[1024, 1e9]["efficiency_typical_alpha"] > by[1024, 1e9]["efficiency"]
     assert projection.typical_alpha_s == TYPICAL_ETHERNET_ALPHA_S
     assert "THIS HOST'S STACK" in " ".join(projection.assumptions())
     (note,) = projection.notes
     assert "latency term is this host's stack" in note
+    assert "more latency than bandwidth" in note
     table = projection_table(projection.as_dict())
-    cells = list(table.columns[-1].cells)
-    assert " / " in cells[0] and " / " not in list(table.columns[2].cells)[0]
+    # Rows: fp32 at 1 Gbit/s, then at 100 Gbit/s; columns: mode, link, 16, 64, 1024 GPUs.
+    assert " / " in list(table.columns[-1].cells)[0]
+    assert [" / " in cell for cell in list(table.columns[2].cells)[:2]] == [False, True]
     # A cluster's alpha given: its own number, no side-by-side.
     given = config.model_copy(update={"projection": config.projection.model_copy(
         update={"alpha": 20e-6})})
