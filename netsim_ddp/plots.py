@@ -540,6 +540,8 @@ def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:
             doc.para(f"Note: {note}")
         if calibrated:
             _calibration_table(doc, calibrated)
+            for intra in calibrated.get("cluster", {}).get("intra_calibrations", []):
+                _calibration_table(doc, intra)  # the NVLink level's one-server runs
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
     for note in sweep.get("notes", []):

@@ -154,6 +154,7 @@ def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     assert "from the calibration's nccl-tests" in text and "held-out error" in text
     assert " tree" in text or " ring" in text or " hier" in text
     assert "2 GPU(s) per server (the one-server run" in text
+    assert "Calibration: reduce_scatter on 2 GPUs (1 hosts)" in text  # its per-size table
     bad = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
                                     "--calibration", str(ONE_HOST.parent / "separate-jobs.txt")])
     assert bad.exit_code == 2 and "--calibration:" in bad.stderr
