@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_calibrated_projection import at
 from test_sweep_synthetic import base, fake_runner
 
 from netsim_ddp.calibrate import Calibration, CalibrationError, Curve, load, projection_use
@@ -192,6 +193,10 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
     notes = " ".join(sweep.projection.notes)
     assert "one-server run" in notes and "as measured" in notes
     assert "servers' GPUs and NVLink" in " ".join(sweep.projection.assumptions())
+    relative = SweepConfig(nodes=[1, 2, 3, 4], projection={"gpus": [16], "calibration": [
+        "calibrations/gloo-3nodes-1gbit.txt", "calibrations/gloo-1node-2ranks.txt"]})
+    found = run_sweep(at(ROOT / "scenarios" / "sweep.toml"), relative, runner=fake_runner())
+    assert found.calibration.network.hosts == 3 and found.calibration.nvlink.measured
     fields = SweepConfig(nodes=[1, 2, 3, 4], projection={
         "gpus": [16, 64], "calibration": str(NETWORK), "gpus_per_server": 8,
         "nvlink_busbw": "200GB/s", "nvlink_latency": "20us"})
