@@ -167,8 +167,11 @@ def build(network: Calibration, others: Sequence[Calibration], *,
     """A Cluster from the network calibration, the other calibrations in the files (one-server
     runs give NVLink) and the [sweep.projection] fields (`where` names them in errors)."""
     intra = [c for c in others if c.hosts == 1 and c.collective in CALIBRATABLE_INTRA]
-    notes = [f"{c.label}: not used (DDP all-reduces its gradients; this harness has no FSDP "
-             "traffic that would reduce-scatter or all-gather across servers)"
+    notes = [f"{c.label}: not used (" + (
+                 f"the network is the largest all_reduce calibrated, {network.world_size} GPUs"
+                 if c.collective == "all_reduce" else
+                 "DDP all-reduces its gradients; this harness has no FSDP traffic that would "
+                 "reduce-scatter or all-gather across servers") + ")"
              for c in others if c.hosts > 1 and c is not network]
     sizes = sorted({c.world_size for c in intra})
     if len(sizes) > 1:

@@ -98,6 +98,11 @@ def test_multi_host_reduce_scatter_is_said_to_be_unused():
     cluster = build(synthetic(world=16, hosts=2), [synthetic("reduce_scatter", 16, 2)])
     (note,) = cluster.notes
     assert "not used" in note and "no FSDP" in note
+    smaller = build(synthetic(world=16, hosts=2), [synthetic(world=8, hosts=2)]).notes
+    assert smaller == ["all_reduce on 8 GPUs (2 hosts x 4), from synthetic-all_reduce-8x2: not "
+                       "used (the network is the largest all_reduce calibrated, 16 GPUs)"]
+    assert load_cluster([NETWORK, ROOT / "scenarios" / "calibrations" / "gloo-2nodes-1gbit.txt"]
+                        ).network.world_size == 3
     assert "not used by projections" in projection_use(synthetic("all_gather", 16, 2),
                                                        CALIBRATABLE)
     assert "NVLink level" in projection_use(synthetic("all_gather", 4, 1), CALIBRATABLE)
