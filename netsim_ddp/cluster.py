@@ -100,7 +100,7 @@ class NvlinkLevel:
         return self._phase(self.all_gather, size)
 
     def all_reduce_s(self, size: float) -> float:
-        if self.all_reduce is not None:
+        if self.all_reduce is not None and self.gpus > 1:
             return self.all_reduce(size)
         return self.reduce_scatter_s(size) + self.all_gather_s(size)
 
@@ -189,29 +189,33 @@ def build(network: Calibration, others: Sequence[Calibration], *,
     else:
         g = network.gpus_per_host
         gpus_source = f"the calibration's rank lines ({network.hosts} hosts x {g})"
+    given = [name for name, value in (("nvlink_busbw", nvlink_busbw_bps),
+                                      ("nvlink_latency", nvlink_latency_s)) if value is not None]
+    typical = [name for name in ("nvlink_busbw", "nvlink_latency") if name not in given]
+    field_source = "; ".join([f"{where}.{name}" for name in given]
+                             + ([f"typical for {TYPICAL_NVLINK.hardware}: "
+                                 + " and ".join(typical)] if typical else []))
+    busbw = (nvlink_busbw_bps / 8 if nvlink_busbw_bps is not None
+             else TYPICAL_NVLINK.busbw_bytes_per_s)
+    latency = nvlink_latency_s if nvlink_latency_s is not None else TYPICAL_NVLINK.latency_s
     curves = {c.collective: c.curve for c in intra}
-    if curves:
-        source = ", ".join(dict.fromkeys(s for c in intra for s in c.sources))
-        nvlink = NvlinkLevel(g, f"measured: {source}", reduce_scatter=curves.get("reduce_scatter"),
-                             all_gather=curves.get("all_gather"),
-                             all_reduce=curves.get("all_reduce"))
-        if nvlink_busbw_bps is not None or nvlink_latency_s is not None:
-            notes.append(f"{where}.nvlink_busbw/nvlink_latency not used: the one-server "
-                         "calibration measured NVLink")
-    else:
-        given = [name for name, value in (("nvlink_busbw", nvlink_busbw_bps),
-                                          ("nvlink_latency", nvlink_latency_s))
-                 if value is not None]
-        typical = [name for name in ("nvlink_busbw", "nvlink_latency") if name not in given]
-        parts = ([f"{where}.{name}" for name in given]
-                 + ([f"typical for {TYPICAL_NVLINK.hardware}: "
-                     + " and ".join(typical)] if typical else []))
-        nvlink = NvlinkLevel(
-            g, "; ".join(parts),
-            busbw_bytes_per_s=(nvlink_busbw_bps / 8 if nvlink_busbw_bps is not None
-                               else TYPICAL_NVLINK.busbw_bytes_per_s),
-            latency_s=(nvlink_latency_s if nvlink_latency_s is not None
-                       else TYPICAL_NVLINK.latency_s))
+    if not curves:
+        nvlink = NvlinkLevel(g, field_source, busbw, latency)
+        return Cluster(network, g, gpus_source, nvlink, intra, notes)
+    source = ", ".join(dict.fromkeys(s for c in intra for s in c.sources))
+    nvlink = NvlinkLevel(g, f"measured: {source}", busbw, latency,
+                         reduce_scatter=curves.get("reduce_scatter"),
+                         all_gather=curves.get("all_gather"), all_reduce=curves.get("all_reduce"))
+    # A phase the one-server run lacks (and no all_reduce to halve) comes from the fields.
+    missing = [] if "all_reduce" in curves else [
+        phase for phase in ("reduce_scatter", "all_gather") if phase not in curves]
+    if missing:
+        notes.append(f"{' and '.join(missing)} inside a server: not in the one-server run; "
+                     f"{busbw / 1e9:.0f} GB/s bus bandwidth, {latency * 1e6:.1f} us per phase "
+                     f"({field_source})")
+    elif given:
+        notes.append(f"{where}.nvlink_busbw/nvlink_latency not used: the one-server "
+                     "calibration measured NVLink")
     return Cluster(network, g, gpus_source, nvlink, intra, notes)
 
 

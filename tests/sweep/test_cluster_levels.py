@@ -88,6 +88,10 @@ def test_one_server_curves_give_the_phases_and_an_all_reduce_alone_gives_half_ea
     assert cluster.nvlink.all_gather_s(MIB) == pytest.approx(ag.curve(MIB))
     assert cluster.nvlink.measured == ["reduce_scatter", "all_gather"]
     assert any("nvlink_busbw/nvlink_latency not used" in note for note in cluster.notes)
+    alone = build(network, [rs], nvlink_busbw_bps=8 * 100e9)  # no all-gather measured
+    assert alone.nvlink.all_gather_s(MIB) == pytest.approx(10e-6 + 3 / 4 * MIB / 100e9)
+    (note,) = alone.notes
+    assert note.startswith("all_gather inside a server: not in the one-server run; 100 GB/s")
     ar = synthetic("all_reduce", world=4, hosts=1, alpha=40e-6, algbw=50e9)
     halves = build(network, [ar]).nvlink
     assert halves.reduce_scatter_s(MIB) == pytest.approx(ar.curve(MIB) / 2)
