@@ -204,8 +204,8 @@ def load_calibration(scenario: Scenario, config: SweepConfig,
     else:
         return None
     try:
-        return load_cluster(paths, **projection.cluster_fields(),
-                            where=f"{scenario.path}: sweep.projection")
+        where = f"{scenario.path}: sweep.projection" if scenario.path else "sweep.projection"
+        return load_cluster(paths, **projection.cluster_fields(), where=where)
     except (CalibrationError, NcclParseError) as exc:
         raise CalibrationError(f"{field_name}: {exc}") from None
 

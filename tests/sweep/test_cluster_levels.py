@@ -211,6 +211,7 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
         "nvlink_busbw": "200GB/s", "nvlink_latency": "20us"})
     cluster = run_sweep(scenario, fields, runner=fake_runner()).calibration
     assert cluster.gpus_per_server == 8
+    assert cluster.gpus_source == "sweep.projection.gpus_per_server"
     assert cluster.nvlink.busbw_bytes_per_s == pytest.approx(200e9)
     assert cluster.nvlink.latency_s == pytest.approx(20e-6)
     table = projection_table(run_sweep(scenario, fields, runner=fake_runner())
