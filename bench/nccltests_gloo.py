@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from netsim_ddp import Scenario
+from netsim_ddp.calibrate import bus_factor
 from netsim_ddp.fabric import Fabric
 
 # Runs in every node's namespace: one process per rank, every size in one process (a torchrun
@@ -136,8 +137,7 @@ def table(args: argparse.Namespace, collective: str, started: str,
           rows: list[tuple[int, float]], hosts: list[str], pids: list[int]) -> list[str]:
     """One run in nccl-tests' text format (v2.19+: the collective line, Group, root, #wrong)."""
     world = len(hosts)
-    # nccl-tests' busbw / algbw: 2(n-1)/n for all-reduce, (n-1)/n for the other two.
-    factor = 2 * (world - 1) / world if collective == "all_reduce" else (world - 1) / world
+    factor = bus_factor(collective, world)  # nccl-tests' busbw / algbw
     where = (f"{args.nodes} emulated nodes on {args.rate} links (tbf)" if args.nodes > 1
              else "one emulated node (loopback inside its namespace, unshaped)")
     lines = [
