@@ -17,6 +17,7 @@ import html
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -181,7 +182,8 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
     return path
 
 
-ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": ""}
+ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": "", "hierarchical": "hier",
+                   "nvlink": "nvl"}
 
 
 def projection_cell(row: dict[str, Any]) -> str:
@@ -216,7 +218,8 @@ def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
                         mfc="none", color=_color(mode, i),
                         label=f"{mode}, {where}, typical NCCL alpha" if j == 0 else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPUs (ring or tree, as NCCL would pick, from the calibration)" if calibrated
+    ax.set_xlabel("GPUs (ring, tree or hierarchical, as NCCL would pick, from the calibration)"
+                  if calibrated
                   else "GPUs (one per link, flat ring)")
     ax.set_ylabel("projected scaling efficiency")
     ax.set_ylim(0, 1.05)
@@ -387,20 +390,21 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
-           calibration: str | Path | None = None) -> Path:
+           calibration: str | Path | Sequence[str | Path] | None = None) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
-    ResultsError if the file is not a results document. `calibration` (nccl-tests output)
-    projects each sweep again from it (calibrate.reproject); it raises
+    ResultsError if the file is not a results document. `calibration` (nccl-tests output, one
+    file or several) projects each sweep again from it (cluster.reproject); it raises
     calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
     document = load_results(results_json_path)
     calibrated = None
     if calibration is not None:
-        from .calibrate import load_allreduce
+        from .cluster import load_cluster
 
-        calibrated = load_allreduce(calibration)
+        paths = [calibration] if isinstance(calibration, str | Path) else list(calibration)
+        calibrated = load_cluster(paths, where="--calibration")
     try:
         if calibrated is not None:
-            from .calibrate import reproject
+            from .cluster import reproject
 
             for sweep in document.get("sweeps", []):
                 if sweep.get("projection"):
@@ -536,6 +540,8 @@ def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:
             doc.para(f"Note: {note}")
         if calibrated:
             _calibration_table(doc, calibrated)
+            for intra in calibrated.get("cluster", {}).get("intra_calibrations", []):
+                _calibration_table(doc, intra)  # the NVLink level's one-server runs
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
     for note in sweep.get("notes", []):

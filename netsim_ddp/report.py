@@ -115,7 +115,9 @@ def projection_table(projection: dict) -> Table:
                                          for count in gpus))
     if projection.get("calibration"):
         table.caption = ("scaling efficiency and the all-reduce algorithm: cal = the "
-                         "calibration's measured curve at its world size; ring/tree beyond it")
+                         "calibration's measured curve at its world size; ring/tree/hier "
+                         "(NVLink reduce-scatter, ring over servers, NVLink all-gather) beyond "
+                         "it; nvl = inside one server")
     elif projection.get("typical_alpha_s"):
         table.caption = (f"a / b: efficiency with the per-hop latency fitted here / with a "
                          f"typical NCCL-over-Ethernet {projection['typical_alpha_s'] * 1e6:.0f} "

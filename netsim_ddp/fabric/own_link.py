@@ -8,12 +8,12 @@ warm-up, or the results gathered at the end.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
+from ..clock import job_clock
 from . import naming
 
 NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
@@ -21,7 +21,8 @@ NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`)
 
 @dataclass(frozen=True)
 class LinkMark:
-    """What a node had sent by `monotonic_s` (CLOCK_MONOTONIC: one clock for all namespaces)."""
+    """What a node had sent by `monotonic_s` (the job's clock, netsim_ddp.clock: CLOCK_MONOTONIC,
+    one clock for all namespaces, shifted onto node 0's across hosts)."""
 
     monotonic_s: float
     sent_bytes: int
@@ -43,5 +44,5 @@ def mark_own_link(ifname: str | None = None) -> LinkMark | None:
                 stats = msg.get_attr("TCA_STATS2")
                 basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
                 if basic:
-                    return LinkMark(time.monotonic(), basic["bytes"], basic["packets"])
+                    return LinkMark(job_clock(), basic["bytes"], basic["packets"])
     return None
