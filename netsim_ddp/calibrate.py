@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from .costmodel import CALIBRATED_LABEL, CostModel, Projection
+from .document import ProjectionRecord
 from .ncclparse import NcclParseError, NcclTestRun, parse_file
 
 MIB = 2**20
@@ -310,11 +311,12 @@ def calibrated_projection(calibration: Calibration, model: CostModel, *,
                       calibration=calibration.as_dict())
 
 
-def reproject(projection: Mapping[str, Any], calibration: Calibration) -> dict[str, object]:
-    """A projection from a results JSON (Projection.as_dict()), projected again from
-    `calibration`: the same modes, compute, bytes, buckets, overlap and GPU counts."""
-    gpus = sorted({int(row["gpus"]) for row in projection["rows"]})
+def reproject(projection: ProjectionRecord, calibration: Calibration) -> ProjectionRecord:
+    """A projection from a results document, projected again from `calibration`: the same
+    modes, compute, bytes, buckets, overlap and GPU counts."""
+    gpus = sorted({row.gpus for row in projection.rows})
     return calibrated_projection(
-        calibration, CostModel(**projection["model"]), compute_s=projection["compute_s"],
-        bytes_per_rank=projection["bytes_per_rank"], buckets=projection["buckets"],
-        gpus=gpus).as_dict()
+        calibration, CostModel(**projection.model.model_dump(include={
+            "alpha_s", "bandwidth_efficiency", "overlap"})),
+        compute_s=projection.compute_s, bytes_per_rank=projection.bytes_per_rank,
+        buckets=projection.buckets, gpus=gpus).to_record()

@@ -337,6 +337,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             allow_untrusted=allow_untrusted, timeout_s=timeout_s)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     _warn_about_stale_runs()
     try:
         ensure_network_privilege()
@@ -350,9 +352,9 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
                       soft_wrap=True)
         if json_out not in (None, "-"):  # a later scenario that kills the command loses nothing
-            _write_json(json_out, session.document(), quiet=True)
+            _write_json(json_out, session.document().dump(), quiet=True)
     session.finish()
-    _write_json(json_out, session.document())
+    _write_json(json_out, session.document().dump())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
 
@@ -445,6 +447,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
             save_baseline=Path(save_baseline) if save_baseline else None)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     options = HostOptions(
         scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
         master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
@@ -475,7 +479,7 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         _print_report(human, outcome)
     session.reports.append(outcome)
     session.finish()
-    _write_json(json_out, session.document())
+    _write_json(json_out, session.document().dump())
     sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
 
 
@@ -489,14 +493,15 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 def report_command(results: str, out_dir: str, calibration: str | None) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from .calibrate import CalibrationError
+    from .document import DocumentError
     from .ncclparse import NcclParseError
-    from .plots import ResultsError, report
+    from .plots import report
 
     try:
         path = report(results, out_dir, calibration=calibration)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
-    except ResultsError as exc:
+    except DocumentError as exc:
         _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
 

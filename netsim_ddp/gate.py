@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .document import CheckRecord
 from .metrics import SPREAD_STATISTICS, STATISTICS, deviations, shift_test, statistic
 
 if TYPE_CHECKING:
@@ -93,9 +94,9 @@ class Verdict:
     detail: str
     p_value: float | None = None
 
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail,
-                "p_value": self.p_value}
+    def to_record(self) -> CheckRecord:
+        return CheckRecord(name=self.name, passed=self.passed, detail=self.detail,
+                           p_value=self.p_value)
 
 
 class Expectation(BaseModel):

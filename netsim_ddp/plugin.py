@@ -79,12 +79,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"netsim-ddp: {warning}" for warning in config.stash[_SESSION].warnings]
     if getattr(config.option, "numprocesses", None):
-        return (f"netsim-ddp: scenario runs carry xdist_group({XDIST_GROUP!r}); with --dist "
-                "loadgroup they run one at a time, since concurrent runs contend for this "
-                "host's CPU and would distort each other's timings (their names never collide)")
-    return None
+        lines.append(f"netsim-ddp: scenario runs carry xdist_group({XDIST_GROUP!r}); with "
+                     "--dist loadgroup they run one at a time, since concurrent runs contend "
+                     "for this host's CPU and would distort each other's timings (their names "
+                     "never collide)")
+    return lines
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

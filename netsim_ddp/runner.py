@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,15 @@ from typing import Any, Protocol
 
 from . import __version__
 from .crossing import CrossingVerdict, expected_cross_node
+from .document import (
+    FidelityRecord,
+    ModeRecord,
+    ResultsDocument,
+    ScenarioRecord,
+    StragglerRow,
+    StragglerSummary,
+    content_digest,
+)
 from .fabric import Fabric
 from .fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
 from .fabric.delayline import health as delay_line_health
@@ -126,14 +137,15 @@ class CollectiveFidelity:
                 "its results would measure the CPU, not the network. Run it on a faster host, "
                 "lower the link rate, or pass --allow-untrusted to run it anyway")
 
-    def as_dict(self) -> dict[str, object]:
-        return {"size_bytes": self.size_bytes, "world_size": self.world_size,
-                "busbw_bps": self.busbw_bps, "attempts_bps": self.attempts_bps,
-                "dtype_bps": self.dtype_bps,
-                "expected_bps": self.expected_bps, "fraction": self.fraction,
-                "min_fraction": self.min_fraction, "trusted": self.trusted,
-                "host_load": self.host_load.as_dict() if self.host_load else None,
-                "reason": self.reason}
+    def to_record(self) -> FidelityRecord:
+        return FidelityRecord.model_validate(
+            {"size_bytes": self.size_bytes, "world_size": self.world_size,
+             "busbw_bps": self.busbw_bps, "attempts_bps": self.attempts_bps,
+             "dtype_bps": self.dtype_bps, "expected_bps": self.expected_bps,
+             "fraction": self.fraction, "min_fraction": self.min_fraction,
+             "trusted": self.trusted,
+             "host_load": self.host_load.as_dict() if self.host_load else None,
+             "reason": self.reason}, strict=False)
 
 
 @dataclass
@@ -159,31 +171,28 @@ class ModeReport:
         self.collective = (summarize(self.result.collective_s)
                            if self.result.collective_s else None)
 
-    def straggler_rows(self) -> list[dict[str, object]] | None:
+    def straggler_rows(self) -> list[StragglerRow] | None:
         """Per iteration: the rank (and node) whose backward finished last, and how long the
         first rank waited for it at the collective."""
         if self.result.stragglers is None:
             return None
-        rows: list[dict[str, object]] = []
+        rows = []
         for straggler in self.result.stragglers:
             index = straggler.rank // self.ranks_per_node
             node = self.node_names[index] if index < len(self.node_names) else None
-            rows.append({"rank": straggler.rank, "node": node, "wait_s": straggler.wait_s})
+            rows.append(StragglerRow(rank=straggler.rank, node=node, wait_s=straggler.wait_s))
         return rows
 
-    def straggler_summary(self) -> dict[str, object] | None:
+    def straggler_summary(self) -> StragglerSummary | None:
         """Which rank straggled most often, and the median wait it caused."""
         rows = self.straggler_rows()
         if not rows:
             return None
-        import statistics
-        from collections import Counter
-
-        (rank, count), = Counter(row["rank"] for row in rows).most_common(1)
-        waits = [float(row["wait_s"]) for row in rows]  # type: ignore[arg-type]
-        node = next(row["node"] for row in rows if row["rank"] == rank)
-        return {"rank": rank, "node": node, "iterations": count, "of": len(rows),
-                "median_wait_s": statistics.median(waits), "max_wait_s": max(waits)}
+        (rank, count), = Counter(row.rank for row in rows).most_common(1)
+        waits = [row.wait_s for row in rows]
+        node = next(row.node for row in rows if row.rank == rank)
+        return StragglerSummary(rank=rank, node=node, iterations=count, of=len(rows),
+                                median_wait_s=statistics.median(waits), max_wait_s=max(waits))
 
     @property
     def scaling_efficiency(self) -> float:
@@ -212,9 +221,9 @@ class ModeReport:
         return bus_bandwidth(self.result.sent_bytes_per_iteration, self.comm.median,
                              self.result.world_size)
 
-    def as_dict(self) -> dict[str, object]:
+    def to_record(self) -> ModeRecord:
         r = self.result
-        return {
+        return ModeRecord.model_validate({
             "iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
             "wire_bytes_per_iteration": self.wire_bytes_per_iteration,
             "background_bytes_per_iteration": self.background_bytes_per_iteration,
@@ -242,7 +251,7 @@ class ModeReport:
             "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
             "profiler_allreduce_s": r.profiler_allreduce_s,
             "link_bytes": link_bytes(r),
-        }
+        }, strict=False)
 
 
 def link_bytes(result: ModeResult) -> list[dict[str, object]]:
@@ -286,8 +295,9 @@ class ScenarioReport:
     def passed(self) -> bool:
         return self.status == "passed"
 
-    def as_dict(self) -> dict[str, object]:
-        return {
+    def to_record(self) -> ScenarioRecord:
+        scenario = self.scenario.model_dump(mode="json")
+        return ScenarioRecord.model_validate({
             "name": self.scenario.name,
             "file": str(self.scenario.path) if self.scenario.path else None,
             "passed": self.passed,
@@ -296,7 +306,7 @@ class ScenarioReport:
             "error": self.error,
             "run_id": self.run_id,
             "out_dir": str(self.out_dir) if self.out_dir else None,
-            "fidelity": self.fidelity.as_dict() if self.fidelity else None,
+            "fidelity": self.fidelity.to_record() if self.fidelity else None,
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
                         "delay_line": self.delay_line_stats},
@@ -308,16 +318,17 @@ class ScenarioReport:
             "hosts": self.hosts,
             "placement": self.placement.as_dict() if self.placement else None,
             "transport": self.transport.as_dict() if self.transport else None,
-            "modes": {name: report.as_dict() for name, report in self.modes.items()},
-            "checks": [check.as_dict() for check in self.checks],
-            "scenario": self.scenario.model_dump(mode="json"),
-        }
+            "modes": {name: report.to_record() for name, report in self.modes.items()},
+            "checks": [check.to_record() for check in self.checks],
+            "scenario": scenario,
+            "scenario_digest": content_digest(scenario),
+        }, strict=False)
 
 
-def results_document(reports: list[ScenarioReport], sweeps=()) -> dict[str, object]:
-    """The JSON of a run: its scenarios, and its sweeps (netsim_ddp.sweep.SweepReport)."""
-    return {"netsim_ddp": __version__, "scenarios": [report.as_dict() for report in reports],
-            "sweeps": [sweep.as_dict() for sweep in sweeps]}
+def results_document(reports: list[ScenarioReport], sweeps=()) -> ResultsDocument:
+    """The document of a run: its scenarios, and its sweeps (netsim_ddp.sweep.SweepReport)."""
+    return ResultsDocument.new(__version__, [report.to_record() for report in reports],
+                               [sweep.to_record() for sweep in sweeps])
 
 
 def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:

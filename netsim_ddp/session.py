@@ -3,13 +3,14 @@ baseline to gate against, the reports gathered, and what is written at the end."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .baseline import Baseline, BaselineError, save
+from .document import ResultsDocument
+from .document import save as save_document
 from .gate import Tolerance, Verdict
 from .hostload import STEAL_NOTICEABLE, max_steal
 from .runner import ScenarioReport, results_document, run_scenario
@@ -37,6 +38,8 @@ class NetsimSession:
     explicit_files: set[Path] = field(default_factory=set)
     reports: list[ScenarioReport] = field(default_factory=list)
     sweeps: list = field(default_factory=list)  # netsim_ddp.sweep.SweepReport
+    # Said before the runs and again in the summary: e.g. a baseline from another machine.
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, *, tolerances: list[str] | None = None, baseline: str | None = None,
@@ -48,7 +51,9 @@ class NetsimSession:
             raise SessionOptionError(str(exc)) from None
         if not 0 < options.get("alpha", 0.05) < 1:
             raise SessionOptionError(f"alpha must be between 0 and 1, got {options['alpha']}")
-        return cls(tolerances=parsed, baseline=loaded, **options)
+        warning = loaded.machine_warning() if loaded else None
+        return cls(tolerances=parsed, baseline=loaded, warnings=[warning] if warning else [],
+                   **options)
 
     @classmethod
     def from_config(cls, config) -> NetsimSession:
@@ -106,13 +111,12 @@ class NetsimSession:
         except BaselineError as exc:  # a clear failure, never a silent pass
             return [Verdict("baseline", False, str(exc))]
 
-    def document(self) -> dict[str, object]:
+    def document(self) -> ResultsDocument:
         return results_document(self.reports, self.sweeps)
 
     def finish(self) -> None:
         if self.json_path is not None:
-            self.json_path.parent.mkdir(parents=True, exist_ok=True)
-            self.json_path.write_text(json.dumps(self.document(), indent=2))
+            save_document(self.document(), self.json_path)
         measured = [report for report in self.reports if report.modes]
         if self.save_baseline is not None and measured:
             save(measured, self.save_baseline)
@@ -123,6 +127,7 @@ class NetsimSession:
         if not self.reports and not self.sweeps:
             return []
         lines = ["", "netsim-ddp scenarios (medians; comm = exposed communication)"]
+        lines += [f"  {warning}" for warning in self.warnings]
         for report in self.reports:
             failed = sum(not check.passed for check in report.checks)
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
@@ -175,7 +180,7 @@ class NetsimSession:
         lines = [f"{sweep.scenario.name}: the sweep failed"]
         for point in sweep.points:
             if not point.report.passed:
-                lines.append(f"  point {point.as_dict()['label']}: "
+                lines.append(f"  point {point.label}: "
                              + NetsimSession.failure_text(point.report).replace("\n", "\n  "))
         if sweep.holdout is not None and not sweep.holdout.met:
             lines.append(f"  the cost model missed the held-out points by up to "

@@ -2,7 +2,6 @@
 calibrated world size the calibrated times come back; beyond it ring or tree, named; far past
 the measured sizes without a calibration, the fitted and a typical latency side by side."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -128,7 +127,7 @@ def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_s
     assert "THIS HOST'S STACK" in " ".join(projection.assumptions())
     (note,) = projection.notes
     assert "latency term is this host's stack" in note
-    table = projection_table(projection.as_dict())
+    table = projection_table(projection.to_record())
     cells = list(table.columns[-1].cells)
     assert " / " in cells[0] and " / " not in list(table.columns[2].cells)[0]
     # A cluster's alpha given: its own number, no side-by-side.
@@ -140,7 +139,7 @@ def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_s
 def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4]), runner=fake_runner())
     results = tmp_path / "results.json"
-    results.write_text(json.dumps(results_document([], [sweep])))
+    results.write_text(results_document([], [sweep]).to_json())
     out = tmp_path / "report"
     done = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
                                      "--calibration", str(A3MEGA)])

@@ -76,7 +76,7 @@ def test_a_refusal_repeats_every_attempt_and_says_what_the_host_did(canned, tmp_
     assert fidelity.fraction == pytest.approx(0.46)
     assert "best of 3 attempts" in fidelity.reason
     assert "host CPUs 97% busy, 25% stolen by the hypervisor" in fidelity.reason
-    document = fidelity.as_dict()
+    document = fidelity.to_record().dump()
     assert len(document["attempts_bps"]) == 3 and document["host_load"]["steal"] == 0.25
 
 
@@ -100,7 +100,7 @@ def test_the_probe_times_every_wire_dtype_and_the_slowest_counts(canned, tmp_pat
     assert "the slowest, float16, reached" in fidelity.reason
     assert "(float32 99%: gloo sums 16-bit floats on the CPU, slower)" in fidelity.reason
     assert "float32 8 MiB, float16 4 MiB" in fidelity.reason
-    assert fidelity.as_dict()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
+    assert fidelity.to_record().dump()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
 
 
 def test_busbw_of_the_canned_results_is_what_the_fraction_says():
