@@ -70,6 +70,7 @@ def slowed_links(fraction: float):
 
 
 def train(args: argparse.Namespace) -> None:
+    from netsim_ddp.document import save
     from netsim_ddp.scenario import Scenario
     from netsim_ddp.session import NetsimSession
 
@@ -84,7 +85,7 @@ def train(args: argparse.Namespace) -> None:
         hook = slowed_links(args.slowdown) if kind == "slowed" else None
         report = session.run(scenario, on_built=hook)
         path = out / f"{kind}-{number:02d}.json"
-        path.write_text(json.dumps(session.document(), indent=2))
+        save(session.document(), path)
         medians = {mode: round(result.iteration.median * 1e3, 1)
                    for mode, result in report.modes.items()}
         print(f"{path.name}: {report.status}, iteration medians ms {medians}, "
