@@ -490,20 +490,123 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
               help="nccl-tests all_reduce_perf output of the target cluster: project each "
                    "sweep again from it.")
-def report_command(results: str, out_dir: str, calibration: str | None) -> None:
+@click.option("--history", "history_paths", multiple=True, type=click.Path(exists=True),
+              metavar="PATH", help="Earlier results files (or folders of them): add each "
+                                   "metric's history, its change points and verdict "
+                                   "(repeatable; RESULTS is the newest run).")
+def report_command(results: str, out_dir: str, calibration: str | None,
+                   history_paths: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from .calibrate import CalibrationError
     from .document import DocumentError
+    from .history import HistoryError, judge_history, load_runs, runs_in
     from .ncclparse import NcclParseError
     from .plots import report
 
+    judged = None
+    if history_paths:
+        paths = [path for given in history_paths
+                 for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
+        paths = [path for path in paths if path.resolve() != Path(results).resolve()]
+        try:
+            runs, notes = load_runs([*paths, results])
+        except HistoryError as exc:
+            _fail(f"--history: {exc}", EXIT_BAD_INPUT)
+        judged = judge_history(runs)
+        judged.notes[:0] = notes
     try:
-        path = report(results, out_dir, calibration=calibration)
+        path = report(results, out_dir, calibration=calibration, history=judged)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
     except DocumentError as exc:
         _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
+
+
+@main.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--metric", "metrics", multiple=True, metavar="METRIC",
+              help="A metric to follow, e.g. comm_s.p95 (repeatable; default: iteration and "
+                   "comm medians, scaling efficiency, wire bytes).")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
+              help="How much worse than the best earlier level the newest run may be, e.g. "
+                   "median:5% (repeatable; default 5% for each metric).")
+@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
+              help="Significance level of change points and regressions.")
+@click.option("--as-given", is_flag=True,
+              help="Judge the runs in the order given, not by their recorded times.")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the verdicts and change points as JSON ('-': stdout).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a plot per series and metric, and history.md/.html, here.")
+def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tuple[str, ...],
+            alpha: float, as_given: bool, json_out: str | None, out_dir: str | None) -> None:
+    """Change points in the history of earlier runs (`run --json` files, or folders of
+    them), and a verdict on the newest run; exit 1 if it regressed."""
+    from .ci import append_step_summary, change_text, history_summary
+    from .history import HistoryError, judge_history, load_runs, parse_metrics, runs_in
+
+    if not 0 < alpha < 1:
+        _fail(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
+    paths = [path for given in results
+             for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
+    try:
+        chosen, fractions = parse_metrics(metrics, tolerances)
+        runs, notes = load_runs(paths, by_time=not as_given)
+    except HistoryError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    report = judge_history(runs, chosen, fractions, alpha)
+    report.notes[:0] = notes
+    human = _human(json_out)
+    human.print(f"{len(runs)} runs: " + ", ".join(f"{run.number} {run.source}"
+                                                  for run in runs), soft_wrap=True)
+    for note in report.notes:
+        human.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    for item in sorted(report.metrics, key=lambda h: (h.key.label, str(h.metric))):
+        for point in item.segmentation.change_points:
+            human.print(f"  change {escape(change_text(item, point))}", soft_wrap=True)
+        verdict = item.verdict
+        if verdict is None:
+            human.print(f"  - {item.key.label} {item.metric}: {len(item.values)} run(s), "
+                        "nothing to compare yet")
+        elif not item.gating:
+            human.print(f"  - {escape(verdict.detail)} (an older series: not gated)",
+                        soft_wrap=True)
+        else:
+            mark = "[green]ok[/]" if verdict.passed else "[red]FAILED[/]"
+            human.print(f"  {mark} {escape(verdict.detail)}", soft_wrap=True)
+    if out_dir is not None:
+        from .plots import history_report
+
+        path = history_report(report, out_dir)
+        err.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
+    append_step_summary(history_summary(report))
+    _write_json(json_out, report.as_dict())
+    sys.exit(EXIT_OK if report.passed else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "kind", default="github-action-benchmark", show_default=True,
+              type=click.Choice(["github-action-benchmark", "github-action-benchmark-bigger",
+                                 "bencher"]),
+              help="github-action-benchmark's customSmallerIsBetter (times, bytes) or "
+                   "customBiggerIsBetter (-bigger: scaling efficiency), or Bencher Metric "
+                   "Format.")
+@click.option("--out", "out_file", default="-", show_default=True, metavar="FILE",
+              help="Where to write it ('-': stdout).")
+def export(results: str, kind: str, out_file: str) -> None:
+    """The results of `run --json` in a benchmark-tracking service's format."""
+    from .ci import bencher_metrics, github_benchmark
+    from .document import DocumentError, load_document
+
+    try:
+        document = load_document(results)
+    except DocumentError as exc:
+        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+    data = (bencher_metrics(document) if kind == "bencher"
+            else github_benchmark(document, bigger_is_better=kind.endswith("-bigger")))
+    _write_json(out_file, data)  # type: ignore[arg-type]
 
 
 @main.command()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .document import CheckRecord
+from .document import CheckRecord, ModeRecord
 from .metrics import SPREAD_STATISTICS, STATISTICS, deviations, shift_test, statistic
 
 if TYPE_CHECKING:
@@ -60,19 +60,21 @@ class Metric:
     def is_spread(self) -> bool:
         return self.stat in SPREAD_STATISTICS
 
-    def samples(self, mode: ModeReport) -> list[float] | None:
-        r = mode.result
+    def samples(self, mode: ModeReport | ModeRecord) -> list[float] | None:
+        """The per-iteration samples behind the metric, of a run's mode or of its record in
+        a results document; None for scalars."""
+        r = mode if isinstance(mode, ModeRecord) else mode.result
         if self.series == "collective_s":
             if r.collective_s is None:
-                raise ValueError(f"mode {r.mode}: its result has no collective timing "
-                                 "(collective_s); rerun it with this netsim-ddp")
+                raise ValueError("a mode's result has no collective timing (collective_s); "
+                                 "rerun it with this netsim-ddp")
             return r.collective_s
         return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
                 "scaling_efficiency": [c / i for c, i in
                                        zip(r.compute_s, r.iteration_s, strict=True)]
                 }.get(self.series)
 
-    def value(self, mode: ModeReport) -> float:
+    def value(self, mode: ModeReport | ModeRecord) -> float:
         if self.stat is None:
             return float(getattr(mode, self.series))
         samples = self.samples(mode)
@@ -255,10 +257,12 @@ class Tolerance:
         return f"{self.metric}:{self.fraction:.0%}"
 
 
-def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: ModeReport,
-                       baseline_value: float, baseline_samples: list[float] | None,
-                       alpha: float = DEFAULT_ALPHA) -> Verdict:
-    """Flag a regression only when over the tolerance AND significant."""
+def regression_verdict(scenario: str, mode: str, tolerance: Tolerance,
+                       current: ModeReport | ModeRecord, baseline_value: float,
+                       baseline_samples: list[float] | None, alpha: float = DEFAULT_ALPHA,
+                       check: str = "baseline", reference: str = "baseline") -> Verdict:
+    """Flag a regression only when over the tolerance AND significant. `check` names the
+    verdict (check:mode:metric), `reference` what the baseline value is, in its detail."""
     metric = tolerance.metric
     worse_when_lower = metric.series in HIGHER_IS_BETTER
     value = metric.value(current)
@@ -269,7 +273,7 @@ def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: 
         threshold = baseline_value * (1 + tolerance.fraction)
         over = value > threshold
     change = (value / baseline_value - 1) if baseline_value else float("inf")
-    detail = (f"{scenario}[{mode}] {metric}: baseline {metric.format(baseline_value)}, current "
+    detail = (f"{scenario}[{mode}] {metric}: {reference} {metric.format(baseline_value)}, current "
               f"{metric.format(value)} ({change:+.1%}), threshold {metric.format(threshold)} "
               f"({'-' if worse_when_lower else '+'}{tolerance.fraction:.0%})")
     samples = metric.samples(current)
@@ -285,5 +289,5 @@ def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: 
         regressed = over
     if over and not regressed:
         detail += ": over the tolerance but not significant"
-    return Verdict(f"baseline:{mode}:{metric}", not regressed,
+    return Verdict(f"{check}:{mode}:{metric}", not regressed,
                    ("REGRESSION " if regressed else "") + detail, p)

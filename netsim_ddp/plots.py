@@ -17,7 +17,7 @@ import html
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .costmodel import PROJECTION_LABEL, CostModel, StepPoint
 from .document import (
@@ -32,6 +32,9 @@ from .document import (
     SweepRecord,
     load_document,
 )
+
+if TYPE_CHECKING:
+    from .history import HistoryReport, MetricHistory
 
 MODE_COLORS = {"fp32": "#1f77b4", "amp": "#ff7f0e", "amp-fp16": "#2ca02c", "amp-bf16": "#d62728"}
 RATE_STYLES = ["-", "--", ":", "-."]
@@ -330,7 +333,8 @@ MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "ef
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
-           calibration: str | Path | None = None) -> Path:
+           calibration: str | Path | None = None, history: HistoryReport | None = None
+           ) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
     DocumentError if the file is not a results document. `calibration` (nccl-tests output)
     projects each sweep again from it (calibrate.reproject); it raises
@@ -348,7 +352,7 @@ def report(results_json_path: str | Path, out_dir: str | Path,
             for sweep in document.sweeps:
                 if sweep.projection is not None:
                     sweep.projection = reproject(sweep.projection, calibrated)
-        return _report(document, results_json_path, out_dir)
+        return _report(document, results_json_path, out_dir, history)
     except (KeyError, ValueError, ZeroDivisionError) as exc:
         # Valid records that do not fit together: a hold-out naming a mode no point has, a
         # projection without the GPU counts its rows promise.
@@ -366,7 +370,7 @@ def _is_calibration_error(exc: Exception) -> bool:
 
 
 def _report(document: ResultsDocument, results_json_path: str | Path,
-            out_dir: str | Path) -> Path:
+            out_dir: str | Path, history: HistoryReport | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = _Doc()
@@ -394,6 +398,8 @@ def _report(document: ResultsDocument, results_json_path: str | Path,
         doc.image("wire-bytes.png", "wire bytes per iteration per mode")
     for sweep in document.sweeps:
         _sweep_section(doc, sweep, out)
+    if history is not None:
+        _history_section(doc, history, out)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html("netsim-ddp report"))
     return out / "report.md"
@@ -504,3 +510,78 @@ def _measured_with_interval(held: HeldOutRecord) -> str:
         low, high = held.measured_interval_s
         text += f" ({low * 1e3:.1f}-{high * 1e3:.1f})"
     return text
+
+
+# -- history -----------------------------------------------------------------------------------
+
+def plot_history(history: MetricHistory, path: Path) -> Path:
+    """A metric over the runs: each run's value, each segment's level, the change points
+    (dashed), the best earlier level the newest run was judged against, the newest run red
+    when it regressed."""
+    plt = _pyplot()
+    unit, scale = (("ms", 1e3) if history.metric.series.endswith("_s") else
+                   ("MB", 1e-6) if history.metric.series == "wire_bytes_per_iteration" else
+                   ("", 1.0))
+    numbers = [run.number for run in history.runs]
+    values = [v * scale for v in history.values]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.plot(numbers, values, "o-", color="#1f77b4", lw=0.8, ms=4, label="per run")
+    segmentation = history.segmentation
+    for (start, stop), level in zip(segmentation.bounds, segmentation.levels, strict=True):
+        ax.hlines(level * scale, numbers[start] - 0.4, numbers[stop - 1] + 0.4, color="#555",
+                  lw=2, label="segment level" if start == 0 else None)
+    for point in segmentation.change_points:
+        x = (numbers[point.index - 1] + numbers[point.index]) / 2
+        ax.axvline(x, color="#d62728", ls="--", lw=1)
+        ax.annotate(f"{point.change:+.1%}\np={point.p_value:.3f}", (x, ax.get_ylim()[1]),
+                    fontsize=7, ha="left", va="top", color="#d62728")
+    if history.reference is not None:
+        start, stop = history.reference
+        best = history.values[start:stop]
+        ax.axhspan(min(best) * scale, max(best) * scale, color="#2ca02c", alpha=0.12,
+                   label="best earlier level")
+    if history.verdict is not None and not history.verdict.passed:
+        ax.plot(numbers[-1:], values[-1:], "o", color="#d62728", ms=9, label="regression")
+    ax.set_xlabel("run")
+    ax.set_ylabel(f"{history.metric}" + (f" ({unit})" if unit else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    title = f"{history.key.label} {history.metric}: {len(values)} runs, " \
+            f"{len(segmentation.change_points)} change point(s)"
+    ax.set_title(_fit(title, 90), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _history_section(doc: _Doc, report: HistoryReport, out: Path) -> None:
+    from .ci import change_text
+
+    doc.heading(f"History of {len(report.runs)} runs")
+    for note in report.notes:
+        doc.para(note)
+    for history in sorted(report.metrics, key=lambda h: (h.passed, h.key.label)):
+        verdict = history.verdict
+        doc.heading(f"{history.key.label} {history.metric}", 3)
+        name = f"history-{_slug(history.key.label)}-{_slug(str(history.metric))}.png"
+        plot_history(history, out / name)
+        doc.image(name, f"{history.key.label} {history.metric} over the runs")
+        for point in history.segmentation.change_points:
+            doc.para("Change " + change_text(history, point))
+        if verdict is not None:
+            doc.para(("ok " if verdict.passed else "FAILED ") + f"{verdict.name}: "
+                     + verdict.detail + ("" if history.gating else " (an older series: "
+                                         "not gated)"))
+
+
+def history_report(report: HistoryReport, out_dir: str | Path) -> Path:
+    """`history --out`: the plots and a Markdown + HTML page of a history."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = _Doc()
+    doc.heading("netsim-ddp history", 1)
+    _history_section(doc, report, out)
+    (out / "history.md").write_text(doc.markdown())
+    (out / "history.html").write_text(doc.html("netsim-ddp history"))
+    return out / "history.md"
