@@ -4,6 +4,7 @@ an emulated network, baselines to gate releases on.
     pytest scenarios/                                  # each scenario file is a test
     pytest scenarios/ --netsim-save-baseline base.json
     pytest scenarios/ --netsim-baseline base.json --netsim-tolerance median:10%
+    pytest scenarios/ --netsim-history history/        # judged against every earlier run
 
 Hooks stay thin; the work lives in the library (runner, gate, baseline, report).
 """
@@ -42,6 +43,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--netsim-alpha", type=float, default=0.05,
                     help="significance level of verdicts and regressions (default 0.05)")
     group.addoption("--netsim-json", metavar="PATH", help="write the run's results as JSON")
+    group.addoption("--netsim-history", metavar="DIR",
+                    help="add each scenario's results to this folder of earlier runs and judge "
+                         "them against it: change points, and a history check that fails on a "
+                         "regression from the best earlier level (tolerances: "
+                         "--netsim-tolerance, default 5%% per metric)")
     group.addoption("--netsim-iterations", type=int, metavar="N",
                     help="override the measured iterations of every scenario")
     group.addoption("--netsim-out", metavar="DIR", help="keep rank logs and results here")

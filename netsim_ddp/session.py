@@ -3,6 +3,7 @@ baseline to gate against, the reports gathered, and what is written at the end."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,9 @@ class NetsimSession:
     sweeps: list = field(default_factory=list)  # netsim_ddp.sweep.SweepReport
     # Said before the runs and again in the summary: e.g. a baseline from another machine.
     warnings: list[str] = field(default_factory=list)
+    # A folder of earlier runs' results: each run is added to it and judged against it.
+    history_dir: Path | None = None
+    history_tolerances: list[str] = field(default_factory=list)  # as given: METRIC:PCT
 
     @classmethod
     def create(cls, *, tolerances: list[str] | None = None, baseline: str | None = None,
@@ -52,6 +56,14 @@ class NetsimSession:
         if not 0 < options.get("alpha", 0.05) < 1:
             raise SessionOptionError(f"alpha must be between 0 and 1, got {options['alpha']}")
         warning = loaded.machine_warning() if loaded else None
+        if options.get("history_dir") is not None:
+            from .history import HistoryError, parse_metrics
+
+            try:
+                parse_metrics([], tolerances or [])
+            except HistoryError as exc:
+                raise SessionOptionError(str(exc)) from None
+            options["history_tolerances"] = list(tolerances or [])
         return cls(tolerances=parsed, baseline=loaded, warnings=[warning] if warning else [],
                    **options)
 
@@ -66,6 +78,7 @@ class NetsimSession:
             alpha=option("netsim_alpha"), save_baseline=path(option("netsim_save_baseline")),
             json_path=path(option("netsim_json")), iterations=option("netsim_iterations"),
             out_dir=path(option("netsim_out")), allow_untrusted=option("netsim_allow_untrusted"),
+            history_dir=path(option("netsim_history")),
             scenario_dirs=[(root / d).resolve() for d in config.getini("netsim_scenario_dirs")],
             explicit_files={Path(arg.split("::")[0]).resolve() for arg in config.args},
         )
@@ -101,8 +114,39 @@ class NetsimSession:
             scenario, **(self._options(scenario) | overrides)))
         if self.baseline is not None and report.modes:
             report.checks.extend(self.gate(report))
+        if self.history_dir is not None and report.modes:
+            report.checks.extend(self.judge_history(report))
         self.reports.append(report)
         return report
+
+    def judge_history(self, report: ScenarioReport) -> list[Verdict]:
+        """Add this run to the history folder, then judge it against the runs before it:
+        the verdicts of its scenario's current series (netsim_ddp.history)."""
+        assert self.history_dir is not None
+        from .history import HistoryError
+
+        document = results_document([report])
+        stamp = (document.created_at or "").replace("-", "").replace(":", "").replace("+", "_")
+        save_document(document, self.history_dir / f"{stamp}-{report.scenario.name}"
+                                                    f"-{report.run_id or 'run'}.json")
+        try:
+            judged = self.history()
+        except HistoryError as exc:  # a clear failure, never a silent pass
+            return [Verdict("history", False, str(exc))]
+        return [history.verdict for history in judged.metrics
+                if history.key.scenario == report.scenario.name and history.gating
+                and history.verdict is not None]
+
+    def history(self):
+        """The history folder judged (netsim_ddp.history.HistoryReport)."""
+        from .history import judge_history, load_runs, parse_metrics, runs_in
+
+        assert self.history_dir is not None
+        metrics, tolerances = parse_metrics([], self.history_tolerances)
+        runs, notes = load_runs(runs_in(self.history_dir))
+        judged = judge_history(runs, metrics, tolerances, self.alpha)
+        judged.notes[:0] = notes
+        return judged
 
     def gate(self, report: ScenarioReport) -> list[Verdict]:
         assert self.baseline is not None
@@ -120,6 +164,22 @@ class NetsimSession:
         measured = [report for report in self.reports if report.modes]
         if self.save_baseline is not None and measured:
             save(measured, self.save_baseline)
+        self._step_summary()
+
+    def _step_summary(self) -> None:
+        """On GitHub Actions, the results (and the history's verdicts) on the job's page."""
+        from .ci import STEP_SUMMARY, append_step_summary, history_summary, run_summary
+
+        if not os.environ.get(STEP_SUMMARY) or not (self.reports or self.sweeps):
+            return
+        append_step_summary(run_summary(self.document()))
+        if self.history_dir is not None and any(report.modes for report in self.reports):
+            from .history import HistoryError
+
+            try:
+                append_step_summary(history_summary(self.history()))
+            except HistoryError as exc:
+                append_step_summary(f"## netsim-ddp history\n\n{exc}")
 
     # -- what people read ---------------------------------------------------------------------
 
