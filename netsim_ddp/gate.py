@@ -53,6 +53,12 @@ class Metric:
                          f"{', '.join(SERIES)} and STATISTIC one of {', '.join(STATISTICS)}, "
                          f"or one of {', '.join(SCALARS)}")
 
+    @classmethod
+    def parse_option(cls, text: str) -> Metric:
+        """As given on a command line: also a statistic alone, `median`, for the iteration
+        time's."""
+        return cls.parse(f"iteration_s.{text}" if text in STATISTICS else text)
+
     def __str__(self) -> str:
         return self.series if self.stat is None else f"{self.series}.{self.stat}"
 
@@ -248,10 +254,7 @@ class Tolerance:
         if not match:
             raise ValueError(f"cannot read tolerance {text!r}; write METRIC:PERCENT, e.g. "
                              "'median:10%' or 'comm_s.p95:15%'")
-        name = match["metric"]
-        if name in STATISTICS:  # a statistic alone: of the iteration time
-            name = f"iteration_s.{name}"
-        return cls(Metric.parse(name), float(match["pct"]) / 100)
+        return cls(Metric.parse_option(match["metric"]), float(match["pct"]) / 100)
 
     def __str__(self) -> str:
         return f"{self.metric}:{self.fraction:.0%}"

@@ -9,10 +9,12 @@ A baseline gate compares one run with one saved run: five merges each 3% slower 
   from what to what, how large and how sure;
 - the verdict on the newest run, asv's rule: a regression is measured from the BEST level the
   history reached before it (so a creep of small steps adds up), and is flagged only when it
-  is beyond the tolerance AND significant (the newest run's per-iteration samples against the
-  best segment's, the baseline gate's Mann-Whitney test; wire bytes are exact counts). The
-  best level comes from the change points of the runs before the newest one, so the newest
-  run is judged on its own from the first run on a new level.
+  is beyond the tolerance AND significant: its per-iteration samples against the best
+  segment's (the baseline gate's Mann-Whitney test; wire bytes are exact counts), and, where
+  the best level has three runs or more, its value outside their run-to-run spread (the
+  prediction interval of one more run), since a run's own samples cannot show how much whole
+  runs move. The best level comes from the change points of the runs before the newest one,
+  so the newest run is judged on its own from the first run on a new level.
 
 Series are never mixed silently: runs of a scenario whose file changed (its digest), or that
 ran on another kind of host (CPU model and count, architecture, torch version; not the
@@ -23,10 +25,13 @@ says so, and only the series with the newest run of that scenario gates.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .changepoint import Segmentation, segment
 from .document import (
@@ -45,6 +50,7 @@ DEFAULT_METRICS = ("iteration_s.median", "comm_s.median", "scaling_efficiency.me
 # Run-to-run, medians of `default` move 0.6-2.1% here (README); 5% is beyond that noise and
 # below the baseline gate's 10%, which a creep slips under.
 DEFAULT_TOLERANCE = 0.05
+MIN_RUNS_FOR_SPREAD = 3  # runs of the best level before their spread is trusted
 
 
 class HistoryError(ValueError):
@@ -191,7 +197,7 @@ def parse_metrics(metrics: Sequence[str], tolerances: Sequence[str]
     """--metric and --tolerance METRIC:PCT (the baseline gate's syntax); a metric named only
     by a tolerance is judged too, the others at DEFAULT_TOLERANCE."""
     try:
-        chosen = [Metric.parse(text) for text in (metrics or DEFAULT_METRICS)]
+        chosen = [Metric.parse_option(text) for text in (metrics or DEFAULT_METRICS)]
         parsed = [Tolerance.parse(text) for text in tolerances]
     except ValueError as exc:
         raise HistoryError(str(exc)) from None
@@ -279,7 +285,34 @@ def _judge_newest(history: MetricHistory, tolerance: float, alpha: float) -> Non
     for record in history.records[start:stop]:
         run_samples = history.metric.samples(record)
         samples = None if run_samples is None or samples is None else samples + run_samples
-    history.verdict = regression_verdict(
+    verdict = regression_verdict(
         history.key.scenario, history.key.mode, Tolerance(history.metric, tolerance),
         history.records[-1], earlier.levels[best], samples, alpha, check="history",
         reference=f"best level ({history.run_span(start, stop)})")
+    if not verdict.passed:
+        verdict = _beyond_run_to_run_noise(history, verdict, start, stop, alpha)
+    history.verdict = verdict
+
+
+def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, start: int, stop: int,
+                             alpha: float) -> Verdict:
+    """A run's own samples say nothing of how much whole runs move (the host, its neighbours):
+    where the best level has runs enough to show that spread, the newest run must also lie
+    outside it, by the prediction interval of one more run (Student's t, one-sided)."""
+    from scipy.stats import t as student
+
+    level = np.asarray(history.values[start:stop])
+    spread = float(level.std(ddof=1)) if len(level) >= MIN_RUNS_FOR_SPREAD else 0.0
+    if spread == 0.0:  # too few runs, or exact counts
+        return verdict
+    distance = history.values[-1] - float(level.mean())
+    if history.metric.series in HIGHER_IS_BETTER:
+        distance = -distance
+    score = distance / (spread * math.sqrt(1 + 1 / len(level)))
+    p = float(student.sf(score, len(level) - 1))
+    text = (f"; against the run-to-run spread of {history.run_span(start, stop)} "
+            f"(sd {history.metric.format(spread)}): t p = {p:.2g}")
+    if p < alpha:
+        return Verdict(verdict.name, False, verdict.detail + text, max(verdict.p_value or 0, p))
+    return Verdict(verdict.name, True, verdict.detail.removeprefix("REGRESSION ") + text
+                   + ": within the runs' own spread, could be one noisy run", p)

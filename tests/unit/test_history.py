@@ -166,6 +166,7 @@ def test_a_tolerance_names_its_metric_and_the_others_keep_the_default():
     assert tolerances[Metric.parse("iteration_s.median")] == 0.08
     assert tolerances[Metric.parse("wire_bytes_per_iteration")] == 0.05
     assert Metric.parse("comm_s.p95") in metrics
+    assert parse_metrics(["p95"], [])[0] == [Metric.parse("iteration_s.p95")]  # as tolerances
     with pytest.raises(HistoryError, match="METRIC:PERCENT"):
         parse_metrics([], ["median"])
     with pytest.raises(HistoryError, match="unknown metric"):
