@@ -274,38 +274,60 @@ def _metric_history(key: SeriesKey, metric: Metric, points: list[tuple[Run, Mode
 
 def _judge_newest(history: MetricHistory, tolerance: float, alpha: float) -> None:
     """The newest run against the best level of the runs before it."""
-    if len(history.values) < 2:
+    values = history.values
+    if len(values) < 2:
         return
-    earlier = segment(history.values[:-1], alpha)
+    bounds = segment(values[:-1], alpha).bounds
+    # The last runs before the newest may be a regression too short to be a segment yet: those
+    # that were regressions when they were newest are no level to hold the newest run to.
+    start, stop = bounds[-1]
+    while (stop - start > MIN_RUNS_FOR_SPREAD
+           and not _verdict(history, stop - 1, (start, stop - 1), tolerance, alpha).passed):
+        stop -= 1
+    bounds[-1] = (start, stop)
     pick = max if history.metric.series in HIGHER_IS_BETTER else min
-    best = pick(range(len(earlier.bounds)), key=lambda i: earlier.levels[i])
-    start, stop = earlier.bounds[best]
-    history.reference = (start, stop)
+    history.reference = pick(bounds, key=lambda b: float(np.median(values[b[0]:b[1]])))
+    start, stop = history.reference
+    if stop - start < MIN_RUNS_FOR_SPREAD:
+        history.verdict = Verdict(
+            f"history:{history.key.mode}:{history.metric}", True,
+            f"{history.key.label} {history.metric}: not judged yet: the best level "
+            f"({history.run_span(start, stop)}) has {stop - start} run(s), and "
+            f"{MIN_RUNS_FOR_SPREAD} show how much whole runs move")
+        return
+    history.verdict = _verdict(history, len(values) - 1, (start, stop), tolerance, alpha)
+
+
+def _verdict(history: MetricHistory, index: int, reference: tuple[int, int], tolerance: float,
+             alpha: float) -> Verdict:
+    """Run `index` against the runs `reference` ([start, stop)): over the tolerance,
+    significant by its samples, and beyond the runs' own spread."""
+    start, stop = reference
     samples: list[float] | None = []
     for record in history.records[start:stop]:
         run_samples = history.metric.samples(record)
         samples = None if run_samples is None or samples is None else samples + run_samples
     verdict = regression_verdict(
         history.key.scenario, history.key.mode, Tolerance(history.metric, tolerance),
-        history.records[-1], earlier.levels[best], samples, alpha, check="history",
-        reference=f"best level ({history.run_span(start, stop)})")
-    if not verdict.passed:
-        verdict = _beyond_run_to_run_noise(history, verdict, start, stop, alpha)
-    history.verdict = verdict
+        history.records[index], float(np.median(history.values[start:stop])), samples, alpha,
+        check="history", reference=f"best level ({history.run_span(start, stop)})")
+    if verdict.passed:
+        return verdict
+    return _beyond_run_to_run_noise(history, verdict, index, start, stop, alpha)
 
 
-def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, start: int, stop: int,
-                             alpha: float) -> Verdict:
+def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, index: int, start: int,
+                             stop: int, alpha: float) -> Verdict:
     """A run's own samples say nothing of how much whole runs move (the host, its neighbours):
-    where the best level has runs enough to show that spread, the newest run must also lie
-    outside it, by the prediction interval of one more run (Student's t, one-sided)."""
+    the run must also lie outside the spread of the reference runs, by the prediction interval
+    of one more run (Student's t, one-sided)."""
     from scipy.stats import t as student
 
     level = np.asarray(history.values[start:stop])
-    spread = float(level.std(ddof=1)) if len(level) >= MIN_RUNS_FOR_SPREAD else 0.0
-    if spread == 0.0:  # too few runs, or exact counts
+    spread = float(level.std(ddof=1)) if len(level) >= 2 else 0.0
+    if spread == 0.0:  # exact counts
         return verdict
-    distance = history.values[-1] - float(level.mean())
+    distance = history.values[index] - float(level.mean())
     if history.metric.series in HIGHER_IS_BETTER:
         distance = -distance
     score = distance / (spread * math.sqrt(1 + 1 / len(level)))

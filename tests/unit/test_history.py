@@ -132,6 +132,14 @@ def test_the_first_slower_run_is_flagged_against_the_level_before_it(tmp_path):
     assert fp32.reference == (0, 3)
 
 
+def test_a_run_within_the_runs_own_spread_is_no_regression(tmp_path):
+    report = judged(tmp_path, [0.70, 0.75, 0.66, 0.70, 0.76])  # runs move +-5% here
+    fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
+    assert fp32.verdict is not None and fp32.verdict.passed
+    assert "+8" in fp32.verdict.detail  # over the tolerance ...
+    assert "could be one noisy run" in fp32.verdict.detail  # ... but not beyond the spread
+
+
 def test_a_creep_of_small_steps_adds_up_against_the_best_level(tmp_path):
     levels = [0.70] * 4 + [0.72] * 4 + [0.74] * 4 + [0.76]  # +2.9% steps, +8.6% in all
     report = judged(tmp_path, levels)
