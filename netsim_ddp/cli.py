@@ -559,9 +559,9 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 def clean(dry_run: bool) -> None:
     """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
     killed `host` agents; live runs and agents are spared."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    report = sweep_stale(dry_run=dry_run)
+    report = clean_stale_runs(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
         out.print(f"{verb} namespace {name}")
@@ -600,9 +600,9 @@ def _clean_nics(dry_run: bool) -> int:
 
 def _warn_about_stale_runs() -> None:
     """Namespaces or processes of killed runs load the host and blur this run's numbers."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    stale = sweep_stale(dry_run=True)  # only looks
+    stale = clean_stale_runs(dry_run=True)  # only looks
     if stale.harmful:
         err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
                   "and distort the results: `netsim-ddp clean` removes them (live runs are "

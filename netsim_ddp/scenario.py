@@ -342,7 +342,8 @@ class Scenario(_Strict):
         "clusters.")
     expect: list[Expectation] | None = Field(
         None, description="Claims checked on every run. Absent: the default claim that each "
-        "compressing mode (amp-fp16, amp-bf16) cuts comm time and its spread against fp32.")
+        "mode whose wire dtype is smaller than fp32's (amp-fp16, amp-bf16) has a shorter "
+        "median comm time than fp32, significantly.")
 
     _path: Path | None = PrivateAttr(None)
 

@@ -14,15 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from netsim_ddp.hostload import CpuLoad, CpuTimes
+from netsim_ddp.workload.modes import WireDtype
 
 RESULT_FILE = "allreduce.json"
-WireDtype = Literal["float32", "float16", "bfloat16"]
-BYTES_PER_ELEMENT: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class AllreduceProbe(BaseModel):
