@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,11 +41,12 @@ from .metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summari
 from .placement import Placement, place
 from .scenario import Scenario
 from .schedule_checks import attach_link_states, schedule_checks
+from .signals import SIGNAL_DIR_ENV
 from .workload import ModeResult, RankSpec, WorkloadError, launch
 from .workload.collective import AllreduceProbe, busbw_samples, read_probe
 from .workload.modes import BYTES_PER_ELEMENT, MODES, REFERENCE_MODE, get_mode, wire_ratio
 from .workload.nccl import TransportEvidence, rank_log_lines, verify_transport
-from .workload.window import NODE_ENV, SIGNAL_DIR_ENV
+from .workload.window import NODE_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
 PROBE_MAX_BYTES = 64 * 2**20
@@ -684,7 +685,7 @@ def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[floa
     return total, background.between(begin, finish)
 
 
-def _probe_results(out: Path, dtypes: list[str]) -> tuple[dict[str, float], list]:
+def _probe_results(out: Path, dtypes: Sequence[str]) -> tuple[dict[str, float], list]:
     """Each dtype's median bus bandwidth from one probe attempt, and the attempt's results
     as read; a missing file, dtype or
     timing is an error, never a bandwidth (a zero duration would read as infinitely fast)."""

@@ -32,6 +32,7 @@ from pydantic import (
 from . import units
 from .gate import Expectation
 from .sweepconfig import SweepConfig
+from .units import ETHERNET_HEADER
 from .workload.config import WorkloadConfig
 
 # tbf carries the rate in a 32-bit field of bytes per second; below 1 kB/s a single frame takes
@@ -60,7 +61,6 @@ IFNAMSIZ = 15
 SWITCH_PORT_PREFIX = "nsd-"
 MAX_NODE_NAME = IFNAMSIZ - len(SWITCH_PORT_PREFIX)
 DEFAULT_QUEUE_PACKETS = 1000  # the kernel's default txqueuelen
-ETHERNET_HEADER = 14  # bytes tc counts on top of the IP packet
 
 
 def _unit(parser, forms: str, example: str, suffix: str):

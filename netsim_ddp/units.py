@@ -12,6 +12,17 @@ from __future__ import annotations
 import math
 import re
 
+# What tc counts for a full-sized TCP segment besides its payload: the goodput a link allows,
+# the bytes the crossing check expects and the background flows' byte counts all use these.
+ETHERNET_HEADER = 14  # bytes tc counts on top of the IP packet
+TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + the timestamp option 12 (Linux turns it on)
+
+
+def header_factor(mtu: int) -> float:
+    """Wire bytes per TCP payload byte in full-sized segments, as tc counts them."""
+    return (mtu + ETHERNET_HEADER) / (mtu - TCP_IP_HEADERS)
+
+
 _NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 # Decimal prefixes for rates and counts (as tc and networking do); binary ones spelled out.

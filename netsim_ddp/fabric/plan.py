@@ -10,7 +10,8 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
-from ..scenario import ETHERNET_HEADER, EffectiveLink, Scenario
+from ..scenario import EffectiveLink, Scenario
+from ..units import ETHERNET_HEADER
 from . import naming
 from .errors import FabricError
 
