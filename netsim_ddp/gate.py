@@ -13,16 +13,13 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .document import CheckRecord
 from .metrics import SPREAD_STATISTICS, STATISTICS, deviations, shift_test, statistic
+from .mode_report import ModeReport
 from .workload.modes import REFERENCE_MODE, compresses
-
-if TYPE_CHECKING:
-    from .runner import ModeReport
 
 SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency", "collective_s")
 SCALARS = ("wire_bytes_per_iteration",)

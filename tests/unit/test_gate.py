@@ -17,7 +17,8 @@ from netsim_ddp.gate import (
     evaluate,
     regression_verdict,
 )
-from netsim_ddp.runner import ModeReport, ScenarioReport
+from netsim_ddp.mode_report import ModeReport
+from netsim_ddp.runner import ScenarioReport
 from netsim_ddp.workload.results import ModeResult
 
 SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
