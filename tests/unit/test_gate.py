@@ -4,6 +4,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -224,3 +225,28 @@ def test_the_plugin_header_warns_of_a_baseline_from_another_machine(tmp_path):
     (line,) = plugin.pytest_report_header(config)
     assert line.startswith(f"netsim-ddp: warning: baseline {path} was measured on a different "
                            "machine (saved != current): release: '0.0-other-kernel' != ")
+
+
+def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from netsim_ddp import host
+    from netsim_ddp.cli import main
+
+    path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
+    document = json.loads(path.read_text())
+    document["machine_info"]["cpu"]["count"] = 512
+    path.write_text(json.dumps(document))
+
+    def refuse(options, progress):  # stop where a run would start changing the host
+        raise host.HostConfigError("stopped by the test")
+
+    monkeypatch.setattr(host, "run_host", refuse)
+    result = CliRunner().invoke(main, [
+        "host", str(Path(__file__).resolve().parents[2] / "scenarios" / "default.toml"),
+        "--node-rank", "0", "--nnodes", "2",
+        "--master-addr", "127.0.0.1", "--master-port", "29500", "--nic", "eth9",
+        "--out", str(tmp_path / "out"), "--baseline", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "was measured on a different machine" in result.output
+    assert "cpu.count: 512 != " in result.output and "stopped by the test" in result.output
