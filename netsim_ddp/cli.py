@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -86,18 +87,32 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
         err.print(f"wrote {target}")
 
 
-def _gate_options(command):
-    """The baseline gate's options, as `run` and `host` take them (node 0 gates for `host`)."""
-    for option in reversed((
-        click.option("--baseline", metavar="PATH", help="Gate the results against a baseline."),
-        click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline."),
-        click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
-                     help="Allowed regression against the baseline, e.g. median:10% "
-                          "(repeatable)."),
-        click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
-                     help="Significance level of verdicts and regressions."))):
-        command = option(command)
-    return command
+def _session_options(*names: str):
+    """The session options (session.SESSION_OPTIONS, which pytest takes too) named, as click
+    options of a command."""
+    from .options import SESSION_OPTIONS
+
+    def decorate(command):
+        for name in reversed(names):
+            option = SESSION_OPTIONS[name]
+            kind = option.kind
+            extra: dict[str, Any] = (
+                {"is_flag": True} if kind == "flag" else
+                {"multiple": True} if kind == "list" else
+                {"type": click.IntRange(min=1)} if kind == "count" else
+                {"type": click.Path(file_okay=False)} if kind == "folder" else
+                {"type": FiniteFloat(), "default": option.default, "show_default": True}
+                if kind == "fraction" else {})
+            if option.metavar:
+                extra["metavar"] = option.metavar
+            command = click.option(f"--{option.name}", option.dest, help=option.help,
+                                   **extra)(command)
+        return command
+
+    return decorate
+
+
+_gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -297,23 +312,20 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 
 @main.command()
 @click.argument("files", nargs=-1, required=True)
-@click.option("--json", "json_out", metavar="OUT", help="Write the results as JSON ('-': stdout).")
-@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep rank logs, results and traces here (default: a temporary directory).")
+@_session_options("json", "iterations", "out")
 @click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
-@click.option("--allow-untrusted", is_flag=True,
-              help="Run scenarios whose links this host cannot drive (results marked untrusted).")
+@_session_options("allow-untrusted")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @_gate_options
+@_session_options("history")
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
               help="nccl-tests all_reduce_perf output of the target cluster: sweeps project "
                    "from it (overrides [sweep.projection] calibration).")
 def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         out_dir: str | None, profile: bool, allow_untrusted: bool, timeout_s: float | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
-        alpha: float, calibration: str | None) -> None:
+        alpha: float, history_dir: str | None, calibration: str | None) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
     from .session import NetsimSession, SessionOptionError
@@ -334,7 +346,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
             save_baseline=Path(save_baseline) if save_baseline else None,
             iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
-            allow_untrusted=allow_untrusted, timeout_s=timeout_s)
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+            history_dir=Path(history_dir) if history_dir else None)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in session.warnings:
@@ -411,18 +424,13 @@ def _print_report(human: Console, report) -> None:
 @click.option("--master-port", type=click.IntRange(1, 65535), required=True,
               help="Node 0's port for the job's c10d store (and torchrun's rendezvous).")
 @click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
-@click.option("--json", "json_out", metavar="OUT",
-              help="Node 0: write the results as JSON ('-': stdout).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep rank logs and results here (default: a temporary directory).")
-@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
+@_session_options("json", "out", "iterations")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
               default=300.0, show_default=True, help="Seconds to wait for every host to arrive.")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
-@click.option("--allow-untrusted", is_flag=True,
-              help="Run even if the hosts cannot drive the links (results marked untrusted).")
+@_session_options("allow-untrusted")
 @_gate_options
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
@@ -662,9 +670,9 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 def clean(dry_run: bool) -> None:
     """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
     killed `host` agents; live runs and agents are spared."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    report = sweep_stale(dry_run=dry_run)
+    report = clean_stale_runs(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
         out.print(f"{verb} namespace {name}")
@@ -703,9 +711,9 @@ def _clean_nics(dry_run: bool) -> int:
 
 def _warn_about_stale_runs() -> None:
     """Namespaces or processes of killed runs load the host and blur this run's numbers."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    stale = sweep_stale(dry_run=True)  # only looks
+    stale = clean_stale_runs(dry_run=True)  # only looks
     if stale.harmful:
         err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
                   "and distort the results: `netsim-ddp clean` removes them (live runs are "

@@ -46,6 +46,7 @@ from .fabric.nic import JOB_ENV, NicRestoreError, ShapedNic
 from .fabric.own_link import NIC_ENV
 from .runner import ScenarioReport, finish_report, probe_and_train
 from .scenario import Scenario
+from .signals import SIGNAL_DIR_ENV
 from .workload import ModeResult, RankSpec, WorkloadError
 from .workload.launch import (
     RANK_MODULE,
@@ -55,7 +56,6 @@ from .workload.launch import (
     rank_errors,
     read_results,
 )
-from .workload.window import SIGNAL_DIR_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2

@@ -26,38 +26,21 @@ from .document import (
     DocumentError,
     HeldOutRecord,
     ModeRecord,
-    ProjectionRow,
     ResultsDocument,
     ScenarioRecord,
     SweepRecord,
     load_document,
 )
+from .figures import fit_title, mode_color, pyplot
+from .report import projection_cell, straggler_cell
+from .runner import slowest_link_goodput
+from .scenario import Scenario
+from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
 
 if TYPE_CHECKING:
     from .history import HistoryReport, MetricHistory
 
-MODE_COLORS = {"fp32": "#1f77b4", "amp": "#ff7f0e", "amp-fp16": "#2ca02c", "amp-bf16": "#d62728"}
 RATE_STYLES = ["-", "--", ":", "-."]
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _color(mode: str, index: int) -> str:
-    return MODE_COLORS.get(mode, f"C{index + 4}")
-
-
-def _fit(title: str, width: int) -> str:
-    """Wrapped so the title fits over its axes (a long one ran past the figure's edge)."""
-    from .timeline import fit_title
-
-    return fit_title(title, width)
 
 
 def _slug(text: str) -> str:
@@ -66,7 +49,7 @@ def _slug(text: str) -> str:
 
 def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> Path:
     """Iteration and exposed comm time per mode: box plots with every sample drawn on top."""
-    plt = _pyplot()
+    plt = pyplot()
     modes = entry.modes
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=False)
     for ax, key, label in ((axes[0], "iteration_s", "iteration time (ms)"),
@@ -76,11 +59,11 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
         ax.set_xticks(range(1, len(modes) + 1), list(modes))
         for i, (mode, values) in enumerate(zip(modes, data, strict=True)):
             xs = [i + 1 + 0.12 * ((j % 5) - 2) / 2 for j in range(len(values))]
-            ax.scatter(xs, values, s=12, color=_color(mode, i), alpha=0.7, zorder=3)
+            ax.scatter(xs, values, s=12, color=mode_color(mode, i), alpha=0.7, zorder=3)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(_fit(title or f"{entry.name}: per-iteration distributions (jitter)", 80))
+    fig.suptitle(fit_title(title or f"{entry.name}: per-iteration distributions (jitter)", 80))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -91,7 +74,7 @@ def plot_wire_bytes(groups: list[tuple[str, ScenarioRecord]], path: Path,
                     title: str = "wire bytes per iteration (all nodes, background excluded)"
                     ) -> Path:
     """Grouped bars: for each scenario or sweep point, the MB each mode put on the wire."""
-    plt = _pyplot()
+    plt = pyplot()
     modes: list[str] = []
     for _, entry in groups:
         modes += [m for m in entry.modes if m not in modes]
@@ -103,11 +86,11 @@ def plot_wire_bytes(groups: list[tuple[str, ScenarioRecord]], path: Path,
             if mode in entry.modes:
                 xs.append(g + (i - (len(modes) - 1) / 2) * width)
                 ys.append(entry.modes[mode].wire_bytes_per_iteration / 1e6)
-        bars = ax.bar(xs, ys, width, label=mode, color=_color(mode, i))
+        bars = ax.bar(xs, ys, width, label=mode, color=mode_color(mode, i))
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("MB per iteration")
-    ax.set_title(_fit(title, 55), fontsize=10)
+    ax.set_title(fit_title(title, 55), fontsize=10)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -132,9 +115,6 @@ def _sweep_mode_points(sweep: SweepRecord) -> dict[str, list[StepPoint]]:
 
 def _slowest_rate(entry: ScenarioRecord) -> float:
     """The slowest link's rate, as the sweep measured against it (runner's own rule)."""
-    from .runner import slowest_link_goodput
-    from .scenario import Scenario
-
     if entry.scenario is None:
         raise DocumentError(f"scenario {entry.name}: no scenario recorded to read its links from")
     rate, _ = slowest_link_goodput(Scenario.from_dict(entry.scenario))
@@ -143,14 +123,14 @@ def _slowest_rate(entry: ScenarioRecord) -> float:
 
 def plot_scaling(sweep: SweepRecord, path: Path) -> Path:
     """Scaling efficiency and throughput vs world size: measured, and the fitted model."""
-    plt = _pyplot()
+    plt = pyplot()
     by_mode = _sweep_mode_points(sweep)
     fit = sweep.fit
     holdout = sweep.holdout
     held_labels = {(p.label, p.mode) for p in holdout.held_out} if holdout else set()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, (mode, points) in enumerate(by_mode.items()):
-        color = _color(mode, i)
+        color = mode_color(mode, i)
         worlds = [p.world_size for p in points]
         ax.plot(worlds, [p.efficiency for p in points], "o-", color=color,
                 label=f"{mode} measured")
@@ -194,26 +174,13 @@ def plot_scaling(sweep: SweepRecord, path: Path) -> Path:
     return path
 
 
-ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": ""}
-
-
 def _cost_model(record: CostModelRecord) -> CostModel:
     return CostModel(alpha_s=record.alpha_s, bandwidth_efficiency=record.bandwidth_efficiency,
                      overlap=record.overlap)
 
 
-def projection_cell(row: ProjectionRow) -> str:
-    """A projection cell: the efficiency; with a calibration, the algorithm; far past the
-    measured sizes, the efficiency with the fitted and with a typical NCCL per-hop latency."""
-    text = f"{row.efficiency:.2f}"
-    if row.efficiency_typical_alpha is not None:
-        text += f" / {row.efficiency_typical_alpha:.2f}"
-    algorithm = ALGORITHM_SHORT.get(row.algorithm, row.algorithm)
-    return f"{text} {algorithm}" if algorithm else text
-
-
 def plot_projection(sweep: SweepRecord, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     projection = sweep.projection
     assert projection is not None  # only sweeps with a projection are plotted
     calibrated = projection.calibration is not None
@@ -226,13 +193,13 @@ def plot_projection(sweep: SweepRecord, path: Path) -> Path:
                           key=lambda row: row.gpus)
             where = "calibrated" if calibrated else f"{rate / 1e9:g} Gbit/s"
             ax.plot([r.gpus for r in mine], [r.efficiency for r in mine],
-                    RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=_color(mode, i),
+                    RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=mode_color(mode, i),
                     label=f"{mode}, {where}")
             typical = [r for r in mine if r.efficiency_typical_alpha is not None]
             if typical:
                 ax.plot([r.gpus for r in typical],
                         [r.efficiency_typical_alpha for r in typical], "o",
-                        mfc="none", color=_color(mode, i),
+                        mfc="none", color=mode_color(mode, i),
                         label=f"{mode}, {where}, typical NCCL alpha" if j == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs (ring or tree, as NCCL would pick, from the calibration)" if calibrated
@@ -241,7 +208,7 @@ def plot_projection(sweep: SweepRecord, path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title(_fit("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
+    ax.set_title(fit_title("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
                       if calibrated else "PROJECTION (cost model fitted here, not measured)",
                       55), color="#b00000", fontsize=10)
     fig.tight_layout()
@@ -319,8 +286,6 @@ def _mode_rows(entry: ScenarioRecord) -> list[list[str]]:
 
 
 def _collective_cells(m: ModeRecord) -> list[str]:
-    from .report import straggler_cell
-
     collective = m.summary.collective_s
     if collective is None:
         return ["-", "-", "-"]
@@ -406,8 +371,6 @@ def _report(document: ResultsDocument, results_json_path: str | Path,
 
 
 def _timeline_and_checks(doc: _Doc, entry: ScenarioRecord, out: Path) -> None:
-    from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
-
     if has_timeline(entry):
         name = f"timeline-{_slug(entry.name)}.png"
         plot_timeline(entry, out / name)
@@ -518,7 +481,7 @@ def plot_history(history: MetricHistory, path: Path) -> Path:
     """A metric over the runs: each run's value, each segment's level, the change points
     (dashed), the best earlier level the newest run was judged against, the newest run red
     when it regressed."""
-    plt = _pyplot()
+    plt = pyplot()
     unit, scale = (("ms", 1e3) if history.metric.series.endswith("_s") else
                    ("MB", 1e-6) if history.metric.series == "wire_bytes_per_iteration" else
                    ("", 1.0))
@@ -548,7 +511,7 @@ def plot_history(history: MetricHistory, path: Path) -> Path:
     ax.legend(fontsize=7, loc="best")
     title = f"{history.key.label} {history.metric}: {len(values)} runs, " \
             f"{len(segmentation.change_points)} change point(s)"
-    ax.set_title(_fit(title, 90), fontsize=10)
+    ax.set_title(fit_title(title, 90), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from .document import ProjectionRecord, StragglerSummary
-from .plots import projection_cell
+from .document import ProjectionRecord, ProjectionRow, StragglerSummary
 from .runner import ScenarioReport
 from .units import format_rate
 
@@ -95,6 +94,19 @@ def sweep_tables(sweep) -> list[object]:
         out.extend(f"note: {note}" for note in sweep.projection.notes)
     out.extend(f"note: {note}" for note in sweep.notes)
     return out
+
+
+ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": ""}
+
+
+def projection_cell(row: ProjectionRow) -> str:
+    """A projection cell: the efficiency; with a calibration, the algorithm; far past the
+    measured sizes, the efficiency with the fitted and with a typical NCCL per-hop latency."""
+    text = f"{row.efficiency:.2f}"
+    if row.efficiency_typical_alpha is not None:
+        text += f" / {row.efficiency_typical_alpha:.2f}"
+    algorithm = ALGORITHM_SHORT.get(row.algorithm, row.algorithm)
+    return f"{text} {algorithm}" if algorithm else text
 
 
 def projection_table(projection: ProjectionRecord) -> Table:

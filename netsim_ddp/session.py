@@ -14,6 +14,7 @@ from .document import ResultsDocument
 from .document import save as save_document
 from .gate import Tolerance, Verdict
 from .hostload import STEAL_NOTICEABLE, max_steal
+from .options import DEFAULT_ALPHA, SESSION_OPTIONS
 from .runner import ScenarioReport, results_document, run_scenario
 from .scenario import Scenario
 
@@ -27,7 +28,7 @@ class SessionOptionError(ValueError):
 @dataclass
 class NetsimSession:
     tolerances: list[Tolerance]
-    alpha: float = 0.05
+    alpha: float = DEFAULT_ALPHA
     baseline: Baseline | None = None
     save_baseline: Path | None = None
     json_path: Path | None = None
@@ -53,7 +54,7 @@ class NetsimSession:
             loaded = Baseline(baseline) if baseline else None
         except (ValueError, BaselineError) as exc:
             raise SessionOptionError(str(exc)) from None
-        if not 0 < options.get("alpha", 0.05) < 1:
+        if not 0 < options.get("alpha", DEFAULT_ALPHA) < 1:
             raise SessionOptionError(f"alpha must be between 0 and 1, got {options['alpha']}")
         warning = loaded.machine_warning() if loaded else None
         if options.get("history_dir") is not None:
@@ -70,15 +71,17 @@ class NetsimSession:
     @classmethod
     def from_config(cls, config) -> NetsimSession:
         """From pytest's options."""
-        option = config.getoption
+        def option(name: str) -> Any:
+            return config.getoption(SESSION_OPTIONS[name].pytest_dest)
+
         root = Path(config.rootpath)
         path = lambda value: Path(value) if value else None  # noqa: E731
         return cls.create(
-            tolerances=option("netsim_tolerance"), baseline=option("netsim_baseline"),
-            alpha=option("netsim_alpha"), save_baseline=path(option("netsim_save_baseline")),
-            json_path=path(option("netsim_json")), iterations=option("netsim_iterations"),
-            out_dir=path(option("netsim_out")), allow_untrusted=option("netsim_allow_untrusted"),
-            history_dir=path(option("netsim_history")),
+            tolerances=option("tolerance"), baseline=option("baseline"),
+            alpha=option("alpha"), save_baseline=path(option("save-baseline")),
+            json_path=path(option("json")), iterations=option("iterations"),
+            out_dir=path(option("out")), allow_untrusted=option("allow-untrusted"),
+            history_dir=path(option("history")),
             scenario_dirs=[(root / d).resolve() for d in config.getini("netsim_scenario_dirs")],
             explicit_files={Path(arg.split("::")[0]).resolve() for arg in config.args},
         )

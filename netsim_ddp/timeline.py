@@ -9,18 +9,13 @@ seeds: every mode meets the same schedule from its window's start.
 
 from __future__ import annotations
 
-import textwrap
 from itertools import takewhile
 from pathlib import Path
 
 from .document import ModeRecord, ScenarioRecord
 from .fabric.background import on_periods
+from .figures import fit_title, mode_color, pyplot
 from .scenario import BackgroundFlow
-
-
-def fit_title(text: str, width: int = 60) -> str:
-    """Wrap a title so it fits over its axes instead of running past the figure."""
-    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def check_rows(entry: ScenarioRecord) -> list[list[str]]:
@@ -51,9 +46,7 @@ def has_timeline(entry: ScenarioRecord) -> bool:
 
 
 def plot_timeline(entry: ScenarioRecord, path: Path) -> Path:
-    from .plots import _color, _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     modes = _timed_modes(entry)
     fig, axes = plt.subplots(len(modes), 1, figsize=(9, 1.9 * len(modes) + 0.8), sharex=True,
                              squeeze=False)
@@ -67,7 +60,7 @@ def plot_timeline(entry: ScenarioRecord, path: Path) -> Path:
         ax.bar(starts, [c * 1e3 for c in m.compute_s], width=widths, align="edge",
                color="#bbbbbb", edgecolor="white", label="compute-only")
         ax.bar(starts, [c * 1e3 for c in collective], width=widths, align="edge",
-               bottom=[c * 1e3 for c in m.compute_s], color=_color(name, index),
+               bottom=[c * 1e3 for c in m.compute_s], color=mode_color(name, index),
                edgecolor="white", label="collective")
         for start, end in spans:
             ax.axvspan(start, min(end, horizon), color="#ff7f0e", alpha=0.12, lw=0)

@@ -87,6 +87,8 @@ def test_results_json_carries_the_promised_keys(three_modes):
     assert all({"name", "passed", "detail"} <= set(check) for check in entry["checks"])
     # the host's CPUs while training: the ranks kept them busy
     assert 0 < entry["host_load"]["busy"] <= 1 and 0 <= entry["host_load"]["steal"] <= 1
+    assert document["version"] == 2 and document["created_at"] and document["machine_info"]["node"]
+    assert len(entry["scenario_digest"]) == 16
 
 
 def test_busbw_and_ring_bound_are_reported(three_modes):

@@ -10,7 +10,8 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.costmodel import CostModel, StepPoint
-from netsim_ddp.runner import ModeReport, ScenarioReport, results_document, slowest_link_goodput
+from netsim_ddp.mode_report import ModeReport
+from netsim_ddp.runner import ScenarioReport, results_document, slowest_link_goodput
 from netsim_ddp.sweep import (
     SweepConfig,
     point_scenario,
