@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import __version__
 from .document import MachineInfo, content_digest, machine_warning, utc_now
 from .gate import Tolerance, Verdict, regression_verdict
+from .metrics import statistic
 from .runner import ScenarioReport
 
 FORMAT = 1
@@ -224,8 +225,6 @@ def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float]
 
 
 def _baseline_value(tolerance: Tolerance, entry: BaselineEntry) -> float:
-    from .metrics import statistic
-
     if tolerance.metric.stat is None:
         return entry.wire_bytes_per_iteration
     samples = _baseline_samples(tolerance, entry)

@@ -12,11 +12,14 @@ from typing import Any
 from .baseline import Baseline, BaselineError, save
 from .document import ResultsDocument
 from .document import save as save_document
+from .fabric import FabricError
 from .gate import Tolerance, Verdict
 from .hostload import STEAL_NOTICEABLE, max_steal
+from .limits import check_host
 from .options import DEFAULT_ALPHA, SESSION_OPTIONS
 from .runner import ScenarioReport, results_document, run_scenario
-from .scenario import Scenario
+from .scenario import Scenario, ScenarioError
+from .workload import WorkloadError
 
 DEFAULT_TOLERANCES = ("median:10%",)
 
@@ -267,18 +270,12 @@ def _recorded(scenario: Scenario, run: Callable[[], ScenarioReport]) -> Scenario
     """The runner's report, or one that records why the run broke: a crashed rank, a host
     that lacks something, a netlink error, a dead delay line or helper, a scenario this host
     cannot hold. Anything but an interrupt: one broken scenario never loses the others."""
-    from .limits import check_host
-    from .scenario import ScenarioError
-
     try:
         check_host(scenario)
         return run()
     except ScenarioError as exc:
         return ScenarioReport(scenario, error=str(exc))
     except Exception as exc:
-        from .fabric import FabricError
-        from .workload import WorkloadError
-
         # The harness's own errors say what broke; anything else also says what it is.
         known = isinstance(exc, (FabricError, WorkloadError))
         return ScenarioReport(scenario, error=str(exc) if known else
