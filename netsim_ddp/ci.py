@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .document import ModeRecord, ResultsDocument
 from .gate import HIGHER_IS_BETTER, Metric
-from .history import HistoryReport, MetricHistory
+
+if TYPE_CHECKING:  # the history brings ruptures (seconds to import): not for a run's summary
+    from .changepoint import ChangePoint
+    from .history import HistoryReport, MetricHistory
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 EXPORTED = ("iteration_s.median", "comm_s.median", "scaling_efficiency.median",
@@ -118,7 +121,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def change_text(history: MetricHistory, point) -> str:
+def change_text(history: MetricHistory, point: ChangePoint) -> str:
     """'default[fp32] iteration_s.median: at run 4 (x.json), 712.0 ms -> 781.0 ms (+9.7%),
     p = 0.005'."""
     run = history.runs[point.index]

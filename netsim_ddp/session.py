@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import Baseline, BaselineError, save
+from .ci import STEP_SUMMARY, append_step_summary, history_summary, run_summary
 from .document import ResultsDocument
 from .document import save as save_document
 from .fabric import FabricError
@@ -129,7 +130,7 @@ class NetsimSession:
         """Add this run to the history folder, then judge it against the runs before it:
         the verdicts of its scenario's current series (netsim_ddp.history)."""
         assert self.history_dir is not None
-        from .history import HistoryError
+        from .history import HistoryError  # brings ruptures (seconds): only with a history
 
         document = results_document([report])
         stamp = (document.created_at or "").replace("-", "").replace(":", "").replace("+", "_")
@@ -174,8 +175,6 @@ class NetsimSession:
 
     def _step_summary(self) -> None:
         """On GitHub Actions, the results (and the history's verdicts) on the job's page."""
-        from .ci import STEP_SUMMARY, append_step_summary, history_summary, run_summary
-
         if not os.environ.get(STEP_SUMMARY) or not (self.reports or self.sweeps):
             return
         append_step_summary(run_summary(self.document()))
