@@ -92,12 +92,12 @@ def train(args: argparse.Namespace) -> None:
               f"{time.monotonic() - started:.0f} s so far", flush=True)
         if report.error:
             print(f"  error: {report.error}", flush=True)
-    (out / "meta.json").write_text(json.dumps(vars(args), indent=2))
+    (out / "params.txt").write_text(json.dumps(vars(args), indent=2))  # not *.json: no run
 
 
 def judge(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    meta = json.loads((out / "meta.json").read_text())
+    meta = json.loads((out / "params.txt").read_text())
     clean = sorted(out.glob("clean-*.json"))
     slowed = sorted(out.glob("slowed-*.json"))
     histories = {"unchanged": clean,

@@ -72,9 +72,13 @@ def load_runs(paths: Sequence[str | Path], by_time: bool = True) -> tuple[list[R
     documents = []
     for path in paths:
         try:
-            documents.append((str(path), load_document(path)))
+            document = load_document(path)
         except DocumentError as exc:
             raise HistoryError(str(exc)) from None
+        if "scenarios" not in document.model_fields_set:  # any JSON parses: keys may be added
+            raise HistoryError(f"{path}: not a netsim-ddp results document (no scenarios); "
+                               "give `run --json` files, or folders holding only those")
+        documents.append((str(path), document))
     notes = []
     if by_time:
         if all(document.created_at for _, document in documents):

@@ -233,11 +233,15 @@ def test_a_run_without_measurements_is_skipped_and_said(tmp_path):
     assert all(len(h.values) == 2 for h in report.metrics)
 
 
-def test_an_unreadable_file_names_itself(tmp_path):
+def test_an_unreadable_file_or_another_json_names_itself(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(HistoryError, match="bad.json"):
         load_runs([bad])
+    other = tmp_path / "package.json"
+    other.write_text('{"name": "x"}')
+    with pytest.raises(HistoryError, match="package.json: not a netsim-ddp results document"):
+        load_runs([other])
 
 
 # -- the command -----------------------------------------------------------------------------------
