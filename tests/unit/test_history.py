@@ -132,6 +132,21 @@ def test_the_first_slower_run_is_flagged_against_the_level_before_it(tmp_path):
     assert fp32.reference == (0, 3)
 
 
+def test_a_regressed_run_before_the_newest_is_no_reference(tmp_path):
+    report = judged(tmp_path, [0.70, 0.71, 0.69, 0.77, 0.77])  # runs 4, 5: one new level
+    fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
+    assert fp32.segmentation.change_points == ()  # two runs: too few to be sure of a change
+    assert fp32.verdict is not None and not fp32.verdict.passed
+    assert fp32.reference == (0, 3)  # run 4 was a regression itself when it was the newest
+
+
+def test_too_few_runs_on_the_best_level_are_not_judged_yet(tmp_path):
+    report = judged(tmp_path, [0.70, 0.70, 0.80])
+    fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
+    assert report.passed and fp32.verdict is not None
+    assert "not judged yet" in fp32.verdict.detail and "has 2 run(s)" in fp32.verdict.detail
+
+
 def test_a_run_within_the_runs_own_spread_is_no_regression(tmp_path):
     report = judged(tmp_path, [0.70, 0.75, 0.66, 0.70, 0.76])  # runs move +-5% here
     fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
