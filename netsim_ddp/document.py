@@ -461,13 +461,17 @@ class MachineInfo(Record):
                    cpu=CpuInfo(brand_raw=_cpu_model(), count=os.cpu_count()),
                    torch_version=_torch_version())
 
+    # Not compared: a hostname says which machine, not what kind (CI runners get a new one
+    # each job, and the same kind of host times the same).
+    IDENTITY: ClassVar[frozenset[str]] = frozenset({"node"})
+
     def differences(self, other: MachineInfo) -> list[str]:
         """'field: mine != other's' for each field both record and that differs (a field one
         of them lacks, e.g. from an older file, is not a difference)."""
         mine, theirs = _flat(self.dump()), _flat(other.dump())
         return [f"{key}: {mine[key]!r} != {theirs[key]!r}" for key in mine
-                if key in theirs and mine[key] is not None and theirs[key] is not None
-                and mine[key] != theirs[key]]
+                if key not in self.IDENTITY and key in theirs and mine[key] is not None
+                and theirs[key] is not None and mine[key] != theirs[key]]
 
 
 def machine_warning(saved: MachineInfo | None, current: MachineInfo, source: str) -> str | None:
