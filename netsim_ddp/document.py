@@ -234,7 +234,18 @@ class TransportRecord(Record):
     evidence: list[str] = Field(default_factory=list)
 
 
-class ScenarioRecord(Record):
+class _Judged(Record):
+    """A record with a status; `passed` (which CI scripts read) follows from it when absent."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _passed_from_status(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "passed" not in data and "status" in data:
+            data = {**data, "passed": data["status"] == "passed"}
+        return data
+
+
+class ScenarioRecord(_Judged):
     """One scenario's run: its status, every mode's numbers, every check."""
 
     _omit_none = frozenset({"scenario_digest"})
@@ -258,13 +269,6 @@ class ScenarioRecord(Record):
     checks: list[CheckRecord] = Field(default_factory=list)
     scenario: dict[str, Any] | None = None  # the validated scenario, as JSON
     scenario_digest: str | None = None  # content_digest(scenario): changes when the file does
-
-    @model_validator(mode="before")
-    @classmethod
-    def _passed_from_status(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "passed" not in data and "status" in data:
-            data = {**data, "passed": data["status"] == "passed"}
-        return data
 
     def schedule_changes(self, mode: str) -> list[LinkChangeRecord]:
         """The link changes [[link.schedule]] made in `mode`'s window."""
@@ -409,13 +413,13 @@ class ProjectionRecord(Record):
     rows: list[ProjectionRow]
 
 
-class SweepRecord(Record):
+class SweepRecord(_Judged):
     """A scenario run at several points, the cost model fitted on them and its projection."""
 
     name: str
     file: str | None = None
     passed: bool = False
-    status: Status = "failed"
+    status: Status
     refusals: list[str] = Field(default_factory=list)
     host_steal: float = 0.0
     seconds: float = 0.0
@@ -457,13 +461,17 @@ class MachineInfo(Record):
                    cpu=CpuInfo(brand_raw=_cpu_model(), count=os.cpu_count()),
                    torch_version=_torch_version())
 
+    # Not compared: a hostname says which machine, not what kind (CI runners get a new one
+    # each job, and the same kind of host times the same).
+    IDENTITY: ClassVar[frozenset[str]] = frozenset({"node"})
+
     def differences(self, other: MachineInfo) -> list[str]:
         """'field: mine != other's' for each field both record and that differs (a field one
         of them lacks, e.g. from an older file, is not a difference)."""
         mine, theirs = _flat(self.dump()), _flat(other.dump())
         return [f"{key}: {mine[key]!r} != {theirs[key]!r}" for key in mine
-                if key in theirs and mine[key] is not None and theirs[key] is not None
-                and mine[key] != theirs[key]]
+                if key not in self.IDENTITY and key in theirs and mine[key] is not None
+                and theirs[key] is not None and mine[key] != theirs[key]]
 
 
 def machine_warning(saved: MachineInfo | None, current: MachineInfo, source: str) -> str | None:

@@ -8,6 +8,7 @@ from rich.table import Table
 from .document import ProjectionRecord, ProjectionRow, StragglerSummary
 from .runner import ScenarioReport
 from .units import format_rate
+from .workload.modes import REFERENCE_MODE
 
 
 def _ms(seconds: float) -> str:
@@ -37,7 +38,7 @@ def mode_table(report: ScenarioReport) -> Table:
                      "in flight; eff = compute / iteration; wire MB per iteration, all nodes, "
                      "background excluded; busbw / link rate; straggler: the node whose "
                      "backward finished last most often (iterations) and its median lead")
-    reference = report.modes.get("fp32")
+    reference = report.modes.get(REFERENCE_MODE)
     for name, mode in report.modes.items():
         ratio = (mode.wire_bytes_per_iteration / reference.wire_bytes_per_iteration
                  if reference else None)

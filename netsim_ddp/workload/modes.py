@@ -13,7 +13,9 @@ torch is imported inside methods so that config validation (which needs only the
 without importing torch.
 
 Add a mode: subclass `Mode`, then `register_mode(MyMode())`. The hook must route every tensor it
-sends through a `SentBytes` (see hooks.counted_allreduce) or the byte counts will be wrong.
+sends through a `SentBytes` (see hooks.counted_allreduce) or the byte counts will be wrong. Its
+`wire_dtype` is all the harness needs besides: the probe all-reduces that dtype, the wire-ratio
+check holds the mode's bytes to it against fp32, and a smaller dtype joins the default claim.
 """
 
 from __future__ import annotations

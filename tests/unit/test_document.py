@@ -77,11 +77,11 @@ def test_the_digest_ignores_key_order_and_sees_every_value():
 def test_machine_warning_names_the_fields_that_differ():
     saved = MachineInfo.model_validate({"node": "ci-1", "release": "6.1", "cpu": {
         "brand_raw": "EPYC", "count": 2}, "torch_version": "2.12.0"})
-    current = MachineInfo.model_validate({"node": "ci-1", "release": "6.8", "cpu": {
+    current = MachineInfo.model_validate({"node": "ci-2", "release": "6.8", "cpu": {
         "brand_raw": "EPYC", "count": 4}})  # torch unknown: not a difference
     warning = machine_warning(saved, current, "baseline b.json")
     assert warning is not None and warning.startswith("warning: baseline b.json")
     assert "release: '6.1' != '6.8'" in warning and "cpu.count: 2 != 4" in warning
-    assert "node" not in warning and "torch" not in warning
+    assert "node" not in warning and "torch" not in warning  # a hostname is not a kind
     assert machine_warning(saved, saved, "b") is None
     assert machine_warning(None, current, "b") is None
