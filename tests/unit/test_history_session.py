@@ -66,3 +66,12 @@ def test_history_tolerances_are_checked_before_any_run(tmp_path):
         report = session.run(SCENARIO, runner=fake_run(comm, number))
     iteration = next(c for c in report.checks if c.name == "history:fp32:iteration_s.median")
     assert iteration.passed and "+20%" in iteration.detail
+
+
+def test_history_is_an_option_of_run_and_of_pytest(request):
+    from click.testing import CliRunner
+
+    from netsim_ddp.cli import main
+
+    assert request.config.getoption("netsim_history") is None  # registered, not given
+    assert "--history DIR" in CliRunner().invoke(main, ["run", "--help"]).output
