@@ -21,42 +21,28 @@ Its error is reported two ways per size: the curve against the measurement (non-
 the isotonic step smoothed noise), and held out: the curve fitted without that size, predicting
 it (the honest number: how well the model predicts a size it did not see).
 
-The projection. At the calibrated world size the DDP all-reduce of a bucket takes the curve's
-time, nothing else. Beyond it, two algorithms, each anchored in the measured curve, and per
-bucket the faster one counts, as NCCL's tuner picks; each row says which:
-
-- ring: 2(n-1) steps of S/n bytes each; a step costs what one of the calibration's 2(n0-1)
-  steps cost at the same chunk size: t = (n-1)/(n0-1) x t_cal(S n0/n). Latency grows with the
-  GPUs, the bandwidth term tends to 2(n-1)/n x S / busbw, which it never beats: ring wins
-  for big messages.
-- tree (NCCL's double binary tree over hosts, a chain inside each): the latency floor (the
-  smallest size's time) grows with the depth, log2(hosts); what the size costs above that floor
-  is the calibrated curve's, at the tree's bandwidth against the ring's (NCCL's tuning model,
-  src/graph/tuning.cc: tree busbw x 0.92, algbw = busbw / 2): tree wins for small messages.
-
-Hosts are GPUs / the calibration's GPUs per host: a server's GPUs share its NICs, and NVLink
-inside it is the calibration's own. A larger world never makes one all-reduce faster than
-calibrated. A calibration on one host measures no network and projects nothing beyond itself.
+The projection from a calibration (the network level, NVLink inside a server, the ring, tree
+and hierarchical all-reduce) is `cluster.py`'s.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .costmodel import CALIBRATED_LABEL, CostModel, Projection
-from .document import ProjectionRecord
-from .ncclparse import NcclParseError, NcclTestRun, parse_file, parse_text
+from .ncclparse import NcclParseError, NcclTestRun, parse_file
 
 MIB = 2**20
 ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are reported too
 TAIL_POINTS = 4  # the largest sizes whose slope extrapolates beyond the measured range
 TREE_BANDWIDTH = 0.92 * 0.5  # NCCL's tree all-reduce: busbw x .92, algbw = busbw x .5
+# What a one-server run can calibrate: the NVLink phases of a hierarchical all-reduce.
+CALIBRATABLE_INTRA = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 class CalibrationError(ValueError):
@@ -218,6 +204,21 @@ def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
     return out
 
 
+def projection_use(calibration: Calibration, calibratable: Sequence[str]) -> str:
+    """What a projection does with this calibration, in one line."""
+    kind = calibration.collective
+    if calibration.hosts > 1 and kind == "all_reduce":
+        return "projections: the network level (ring, tree, and the hierarchical network phase)"
+    if calibration.hosts == 1 and kind in CALIBRATABLE_INTRA:
+        return (f"projections: the NVLink level inside a server of {calibration.world_size} "
+                f"GPUs ({'half of it per phase' if kind == 'all_reduce' else 'its phase'} of "
+                "the hierarchical all-reduce)")
+    fitted = "fitted" if kind in calibratable else "fitted anyway"
+    return (f"{kind} on {calibration.hosts} hosts: {fitted}, not used by projections (DDP "
+            "all-reduces its gradients; a one-server run gives NVLink, a multi-host all_reduce "
+            "the network)")
+
+
 def load(paths: Sequence[str | Path], collective: str | None = None) -> list[Calibration]:
     """Parse and fit the files; `collective` names runs the files do not name themselves."""
     runs: list[NcclTestRun] = []
@@ -232,6 +233,8 @@ def load(paths: Sequence[str | Path], collective: str | None = None) -> list[Cal
 
 
 def _named(path: str | Path, collective: str) -> list[NcclTestRun]:
+    from .ncclparse import parse_text
+
     text = Path(path).read_text(errors="replace")
     return parse_text(f"# Collective test starting: {collective}_perf\n" + text, str(path))
 
@@ -243,78 +246,3 @@ def load_allreduce(path: str | Path) -> Calibration:
         raise CalibrationError(f"{path}: no all_reduce run (DDP all-reduces its gradients; run "
                                "all_reduce_perf)")
     return max(found, key=lambda c: c.world_size)
-
-
-# -- projection --------------------------------------------------------------------------------
-
-def collective_time(calibration: Calibration, gpus: int, size: float) -> tuple[float, str]:
-    """(seconds, algorithm) of one all-reduce of `size` bytes on `gpus` GPUs (module doc)."""
-    cal = calibration
-    measured = cal.curve(size)
-    if gpus == cal.world_size:
-        return measured, "as calibrated"
-    if cal.hosts < 2:
-        raise CalibrationError(
-            f"{cal.sources[0]}: the calibration ran on one host: it measures NVLink/PCIe, not the "
-            "network, so it cannot say what more hosts cost; calibrate on 2 or more hosts")
-    n0, n = cal.world_size, gpus
-    # Ring: 2(n-1) steps, each moving S/n; a step costs what one of the calibration's steps
-    # cost at the same chunk size, so latency grows with the steps and bandwidth holds.
-    # Never above the bandwidth plateau, though: a shaper's burst or a protocol's sweet spot
-    # can make one small chunk fast, not every step of a ring.
-    ring = max((n - 1) / (n0 - 1) * cal.curve(size * n0 / n),
-               bus_factor("all_reduce", n) * size / cal.busbw_bytes_per_s)
-    # Tree: the latency floor grows with the tree's depth over hosts, log2(h); the rest of the
-    # calibrated time (what the size costs) at tree's bandwidth against the calibrated ring's.
-    hosts = max(1, math.ceil(n / cal.gpus_per_host))
-    floor = float(cal.curve.smoothed_s[0])
-    depth = math.log2(hosts) / math.log2(cal.hosts) if hosts > 1 else 0.0
-    penalty = (1 / bus_factor("all_reduce", n0)) / TREE_BANDWIDTH
-    tree = floor * depth + penalty * max(0.0, measured - floor)
-    seconds, algorithm = (tree, "tree") if tree < ring else (ring, "ring")
-    if n > n0:
-        seconds = max(seconds, measured)  # more GPUs never make one all-reduce faster
-    return seconds, algorithm
-
-
-def project_calibrated(calibration: Calibration, *, overlap: float,
-                       compute_s: Mapping[str, float], bytes_per_rank: Mapping[str, float],
-                       buckets: Mapping[str, int], gpus: Sequence[int]) -> list[dict[str, object]]:
-    """Projection rows (as costmodel.project writes them, plus `algorithm`): per mode, the
-    all-reduce of each of its buckets (equal shares of its bytes) from the calibration."""
-    rows: list[dict[str, object]] = []
-    for mode, total in bytes_per_rank.items():
-        k = max(1, int(buckets[mode]))
-        for n in gpus:
-            seconds, algorithm = collective_time(calibration, n, total / k)
-            allreduce = k * seconds
-            exposed = max(0.0, allreduce - overlap * compute_s[mode])
-            step = compute_s[mode] + exposed
-            rows.append({"mode": mode, "gpus": n, "link_bps": 0.0, "step_s": step,
-                         "allreduce_s": allreduce, "exposed_comm_s": exposed,
-                         "efficiency": compute_s[mode] / step, "algorithm": algorithm})
-    return rows
-
-
-def calibrated_projection(calibration: Calibration, model: CostModel, *,
-                          compute_s: Mapping[str, float], bytes_per_rank: Mapping[str, float],
-                          buckets: Mapping[str, int], gpus: Sequence[int]) -> Projection:
-    """A costmodel.Projection whose all-reduce times come from `calibration`; `model` gives
-    the overlap (fitted here), the rest is as measured here."""
-    rows = project_calibrated(calibration, overlap=model.overlap, compute_s=compute_s,
-                              bytes_per_rank=bytes_per_rank, buckets=buckets, gpus=gpus)
-    return Projection(model, dict(compute_s), dict(bytes_per_rank), dict(buckets),
-                      rows=rows,  # type: ignore[arg-type]
-                      label=CALIBRATED_LABEL, alpha_source=f"from {calibration.label}",
-                      calibration=calibration.as_dict())
-
-
-def reproject(projection: ProjectionRecord, calibration: Calibration) -> ProjectionRecord:
-    """A projection from a results document, projected again from `calibration`: the same
-    modes, compute, bytes, buckets, overlap and GPU counts."""
-    gpus = sorted({row.gpus for row in projection.rows})
-    return calibrated_projection(
-        calibration, CostModel(**projection.model.model_dump(include={
-            "alpha_s", "bandwidth_efficiency", "overlap"})),
-        compute_s=projection.compute_s, bytes_per_rank=projection.bytes_per_rank,
-        buckets=projection.buckets, gpus=gpus).to_record()

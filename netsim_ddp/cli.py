@@ -318,13 +318,14 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @_gate_options
-@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
-              help="nccl-tests all_reduce_perf output of the target cluster: sweeps project "
-                   "from it (overrides [sweep.projection] calibration).")
+@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
+              help="nccl-tests output of the target cluster (all_reduce_perf on 2+ servers; "
+                   "repeat for a one-server run: NVLink): sweeps project from it (overrides "
+                   "[sweep.projection] calibration).")
 def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         out_dir: str | None, profile: bool, allow_untrusted: bool, timeout_s: float | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
-        alpha: float, calibration: str | None) -> None:
+        alpha: float, calibration: tuple[str, ...]) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
     from .session import NetsimSession, SessionOptionError
@@ -337,7 +338,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
                   "section (see README)", EXIT_BAD_INPUT)
         if scenario.sweep is not None:  # a bad calibration fails now, not after the sweep
             try:
-                load_calibration(scenario, scenario.sweep, calibration)
+                load_calibration(scenario, scenario.sweep, calibration or None)
             except CalibrationError as exc:
                 _fail(str(exc), EXIT_BAD_INPUT)
     try:
@@ -358,7 +359,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     human = _human(json_out)
     for scenario in scenarios:
         try:
-            _run_one(session, scenario, human, profile, calibration)
+            _run_one(session, scenario, human, profile, list(calibration) or None)
         except Exception as exc:  # showing a result broke: say so, keep what was measured
             err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
                       soft_wrap=True)
@@ -371,7 +372,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
 
 
 def _run_one(session, scenario: Scenario, human: Console, profile: bool,
-             calibration: str | None) -> None:
+             calibration: list[str] | None) -> None:
     """One scenario (or sweep) of `run` and its tables; the session records what broke."""
     from .report import sweep_tables
     from .session import steal_warning
@@ -493,10 +494,10 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="report", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the PNGs and the report.")
-@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False),
-              help="nccl-tests all_reduce_perf output of the target cluster: project each "
-                   "sweep again from it.")
-def report_command(results: str, out_dir: str, calibration: str | None) -> None:
+@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
+              help="nccl-tests output of the target cluster (repeat for a one-server run): "
+                   "project each sweep again from it.")
+def report_command(results: str, out_dir: str, calibration: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from .calibrate import CalibrationError
     from .document import DocumentError
@@ -504,7 +505,7 @@ def report_command(results: str, out_dir: str, calibration: str | None) -> None:
     from .plots import report
 
     try:
-        path = report(results, out_dir, calibration=calibration)
+        path = report(results, out_dir, calibration=list(calibration) or None)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
     except DocumentError as exc:
@@ -521,7 +522,7 @@ def report_command(results: str, out_dir: str, calibration: str | None) -> None:
 def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None) -> None:
     """Fit collective time against message size to nccl-tests output (as printed or pasted,
     or its -J JSON); print per size the measured and modelled time and the error."""
-    from .calibrate import ERROR_FROM_BYTES, CalibrationError, load
+    from .calibrate import ERROR_FROM_BYTES, CalibrationError, load, projection_use
     from .ncclparse import CALIBRATABLE, NcclParseError
 
     try:
@@ -553,10 +554,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
                     f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
                     f"to {line['max_abs_error']:.0%}")
-        if calibration.collective != "all_reduce":
-            kind = "fitted" if calibration.collective in CALIBRATABLE else "fitted anyway"
-            human.print(f"[yellow]{calibration.collective}: {kind}; projections use all_reduce "
-                        "only (DDP's collective)[/]")
+        human.print(f"[yellow]{escape(projection_use(calibration, CALIBRATABLE))}[/]")
     _write_json(json_out, {"calibrations": documents})
 
 

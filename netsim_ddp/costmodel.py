@@ -340,11 +340,12 @@ def calibrated_assumptions(calibration: Mapping[str, object], overlap: float) ->
         f"all-reduce time per bucket from the calibration ({calibration['collective']} on "
         f"{world} GPUs, {hosts} hosts; nccl-tests in-place times), interpolated in size only at "
         f"{world} GPUs",
-        f"beyond {world} GPUs: its latency part carried over the network hops NCCL counts "
-        f"(ring 2(h-1), tree 2 log2(h) for h hosts), its bandwidth at the measured bus "
-        f"bandwidth plateau {busbw * 8 / 1e9:.1f} Gbit/s (tree at 0.92 x busbw / 2, as NCCL's "
-        "tuner); per bucket the faster algorithm, named in each row; NVLink hops inside a "
-        "server taken as free next to network hops",
+        f"beyond {world} GPUs: its latency part carried over the steps of each algorithm (ring "
+        f"2(n-1) over the GPUs, tree log2 of the servers, hierarchical 2(h-1) over the h "
+        f"servers), its bandwidth at the measured bus bandwidth plateau "
+        f"{busbw * 8 / 1e9:.1f} Gbit/s (tree at 0.92 x busbw / 2, as NCCL's tuner); per "
+        "bucket the fastest algorithm, named in each row",
+        "the servers' GPUs and NVLink as the notes say, each with where it comes from",
         "DDP buckets as measured here, each an equal share of the mode's bytes",
         f"overlap = {overlap:.2f} of the compute step can hide communication, as fitted here",
         "compute per GPU does not change with the number of GPUs (weak scaling)",
@@ -356,11 +357,13 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
             gpus: Sequence[int] = (16, 64, 256, 1024),
             link_bps: Sequence[float] = (10e9, 25e9, 100e9),
             alpha_s: float | None = None, typical_alpha_s: float | None = None,
-            typical_beyond: int = 0) -> Projection:
+            typical_beyond: int = 0, latency_bound_beyond: int | None = None) -> Projection:
     """Scaling efficiency of each mode at each GPU count and link rate, from the model;
     `alpha_s` replaces the fitted per-hop latency with the target cluster's; `typical_alpha_s`
     adds, to each row past `typical_beyond` GPUs, the step and efficiency with that per-hop
-    latency instead (the side-by-side a projection far past the measured sizes shows)."""
+    latency instead (the side-by-side a projection far past the measured sizes shows); and to
+    each row past `latency_bound_beyond` GPUs whose all-reduce is more latency than bandwidth
+    (there the fitted per-hop latency, not the link, decides the number)."""
     fitted_alpha = model.alpha_s
     if alpha_s is not None:
         model = replace(model, alpha_s=float(alpha_s))
@@ -384,12 +387,15 @@ def project(model: CostModel, *, compute_s: Mapping[str, float] | float,
                     "exposed_comm_s": model.exposed_comm_s(point),
                     "efficiency": compute[mode] / step, "algorithm": "flat ring",
                 }
-                if typical_alpha_s is not None and n > typical_beyond:
+                latency_bound = (latency_bound_beyond is not None and n > latency_bound_beyond
+                                 and point.hops * model.alpha_s
+                                 > point.bandwidth_term / model.bandwidth_efficiency)
+                if typical_alpha_s is not None and (n > typical_beyond or latency_bound):
                     typical = replace(model, alpha_s=typical_alpha_s).step_s(point)
                     row |= {"step_s_typical_alpha": typical,
                             "efficiency_typical_alpha": compute[mode] / typical}
                 projection.rows.append(row)
-    if typical_alpha_s is not None:
+    if typical_alpha_s is not None and any("step_s_typical_alpha" in r for r in projection.rows):
         projection.typical_alpha_s = typical_alpha_s
         projection.alpha_source = (
             f"as fitted here: THIS HOST'S STACK (gloo, the kernel's TCP over veths on a CPU "

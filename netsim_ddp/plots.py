@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,8 @@ def plot_projection(sweep: SweepRecord, path: Path) -> Path:
                         mfc="none", color=mode_color(mode, i),
                         label=f"{mode}, {where}, typical NCCL alpha" if j == 0 else None)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPUs (ring or tree, as NCCL would pick, from the calibration)" if calibrated
+    ax.set_xlabel("GPUs (ring, tree or hierarchical, as NCCL would pick, from the calibration)"
+                  if calibrated
                   else "GPUs (one per link, flat ring)")
     ax.set_ylabel("projected scaling efficiency")
     ax.set_ylim(0, 1.05)
@@ -295,20 +297,21 @@ MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "ef
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
-           calibration: str | Path | None = None) -> Path:
+           calibration: str | Path | Sequence[str | Path] | None = None) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
-    DocumentError if the file is not a results document. `calibration` (nccl-tests output)
-    projects each sweep again from it (calibrate.reproject); it raises
+    DocumentError if the file is not a results document. `calibration` (nccl-tests output, one
+    file or several) projects each sweep again from it (cluster.reproject); it raises
     calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
     document = load_document(results_json_path)
     calibrated = None
     if calibration is not None:
-        from .calibrate import load_allreduce
+        from .cluster import load_cluster
 
-        calibrated = load_allreduce(calibration)
+        paths = [calibration] if isinstance(calibration, str | Path) else list(calibration)
+        calibrated = load_cluster(paths, where="--calibration")
     try:
         if calibrated is not None:
-            from .calibrate import reproject
+            from .cluster import reproject
 
             for sweep in document.sweeps:
                 if sweep.projection is not None:
@@ -443,6 +446,8 @@ def _sweep_section(doc: _Doc, sweep: SweepRecord, out: Path) -> None:
             doc.para(f"Note: {note}")
         if calibrated:
             _calibration_table(doc, calibrated)
+            for intra in calibrated.cluster.intra_calibrations if calibrated.cluster else []:
+                _calibration_table(doc, intra)  # the NVLink level's one-server runs
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
     for note in sweep.notes:

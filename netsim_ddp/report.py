@@ -97,7 +97,8 @@ def sweep_tables(sweep) -> list[object]:
     return out
 
 
-ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": ""}
+ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": "", "hierarchical": "hier",
+                   "nvlink": "nvl"}
 
 
 def projection_cell(row: ProjectionRow) -> str:
@@ -128,7 +129,9 @@ def projection_table(projection: ProjectionRecord) -> Table:
                                          for count in gpus))
     if projection.calibration:
         table.caption = ("scaling efficiency and the all-reduce algorithm: cal = the "
-                         "calibration's measured curve at its world size; ring/tree beyond it")
+                         "calibration's measured curve at its world size; ring/tree/hier "
+                         "(NVLink reduce-scatter, ring over servers, NVLink all-gather) beyond "
+                         "it; nvl = inside one server")
     elif projection.typical_alpha_s:
         table.caption = (f"a / b: efficiency with the per-hop latency fitted here / with a "
                          f"typical NCCL-over-Ethernet {projection.typical_alpha_s * 1e6:.0f} "

@@ -13,6 +13,7 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
     rates = ["10gbit", "25gbit", "100gbit"]
     compute = "120ms"                # your GPU's step time; default: the compute measured here
     calibration = "allreduce.txt"    # nccl-tests output of your cluster (netsim_ddp.calibrate)
+    gpus_per_server = 8              # default: the calibration's; NVLink: netsim_ddp.cluster
 
 The JSON a sweep adds to `netsim-ddp run --json` (see `runner.results_document`): a
 top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode:
@@ -25,12 +26,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .calibrate import Calibration, CalibrationError, calibrated_projection, load_allreduce
+from .calibrate import CalibrationError
+from .cluster import Cluster, calibrated_projection, load_cluster
 from .costmodel import (
     HOST_ALPHA_REACH,
     PROJECTION_LABEL,
@@ -126,7 +128,7 @@ class SweepReport:
     projection: Projection | None = None
     notes: list[str] = field(default_factory=list)  # why a fit, hold-out or projection is absent
     seconds: float = 0.0
-    calibration: Calibration | None = None  # nccl-tests all-reduce times the projection uses
+    calibration: Cluster | None = None  # nccl-tests times (network, NVLink) the projection uses
 
     @property
     def status(self) -> str:
@@ -190,20 +192,25 @@ class SweepReport:
 
 
 def load_calibration(scenario: Scenario, config: SweepConfig,
-                     override: str | Path | None = None) -> Calibration | None:
-    """The sweep's calibration: `override` (a command-line path) or the file named by
-    [sweep.projection] calibration, relative to the scenario file. Raises CalibrationError
-    naming the file and the field."""
+                     override: str | Path | Sequence[str | Path] | None = None) -> Cluster | None:
+    """The sweep's calibrated cluster: `override` (command-line paths) or the files named by
+    [sweep.projection] calibration, relative to the scenario file, with its gpus_per_server and
+    NVLink fields. Raises CalibrationError naming the file and the field."""
+    projection = config.projection
+    if override is not None and not isinstance(override, str | Path):
+        override = list(override) or None
     if override is not None:
-        path, field_name = Path(override), "--calibration"
-    elif config.projection.calibration is not None:
+        paths = [Path(p) for p in (override if isinstance(override, list) else [override])]
+        field_name = "--calibration"
+    elif projection.calibration is not None:
         base = scenario.path.parent if scenario.path else Path.cwd()
-        path = base / config.projection.calibration
+        paths = [base / name for name in projection.calibration_files()]
         field_name = f"{scenario.path}: sweep.projection.calibration"
     else:
         return None
     try:
-        return load_allreduce(path)
+        where = f"{scenario.path}: sweep.projection" if scenario.path else "sweep.projection"
+        return load_cluster(paths, **projection.cluster_fields(), where=where)
     except (CalibrationError, NcclParseError) as exc:
         raise CalibrationError(f"{field_name}: {exc}") from None
 
@@ -212,7 +219,7 @@ def run_sweep(scenario: Scenario, config: SweepConfig, *, iterations: int | None
               out_dir: Path | None = None, allow_untrusted: bool = False,
               timeout_s: float | None = None, progress: Progress = lambda message: None,
               runner: RunScenario = run_scenario,
-              calibration: str | Path | None = None) -> SweepReport:
+              calibration: str | Path | Sequence[str | Path] | None = None) -> SweepReport:
     """Run every point of the sweep, then fit, check and project (see the module doc);
     `calibration` (nccl-tests output) replaces the file the sweep's projection names."""
     started = time.monotonic()
@@ -315,22 +322,23 @@ def _project(report: SweepReport, usable: list[SweepPoint]) -> Projection | None
         except CalibrationError as exc:
             report.notes.append(f"no projection: {exc}")
             return None
-    # Far past the measured sizes the fitted per-hop latency (this host's stack) decides the
-    # result: show it next to a typical NCCL one rather than as one number.
+    # Far past the measured sizes, or past them where the all-reduce is more latency than
+    # bandwidth, the fitted per-hop latency (this host's stack) decides the result: show it
+    # next to a typical NCCL one rather than as one number.
     largest = max(point.world_size for point in usable)
-    far = config.alpha is None and max(config.gpus) > HOST_ALPHA_REACH * largest
     projection = project(report.fit.model, compute_s=compute, bytes_per_rank=bytes_per_rank,
                          buckets=buckets, gpus=config.gpus, link_bps=config.rates,
                          alpha_s=config.alpha,
-                         typical_alpha_s=TYPICAL_ETHERNET_ALPHA_S if far else None,
-                         typical_beyond=HOST_ALPHA_REACH * largest)
-    if far:
+                         typical_alpha_s=TYPICAL_ETHERNET_ALPHA_S if config.alpha is None else None,
+                         typical_beyond=HOST_ALPHA_REACH * largest, latency_bound_beyond=largest)
+    if projection.typical_alpha_s is not None:
         projection.notes.append(
-            f"beyond {HOST_ALPHA_REACH} x the largest measured world size ({largest}) the "
-            f"latency term is this host's stack (alpha {report.fit.model.alpha_s * 1e3:.3f} ms "
-            "per hop, gloo on a CPU host): those cells show the efficiency with it / with a "
-            f"typical NCCL-over-Ethernet {TYPICAL_ETHERNET_ALPHA_S * 1e6:.0f} us. Give your "
-            "cluster's alpha, or better a calibration (nccl-tests output), for a real answer")
+            f"beyond {HOST_ALPHA_REACH} x the largest measured world size ({largest}), and "
+            "beyond it wherever the all-reduce is more latency than bandwidth, the latency term "
+            f"is this host's stack (alpha {report.fit.model.alpha_s * 1e3:.3f} ms per hop, gloo "
+            "on a CPU host): those cells show the efficiency with it / with a typical "
+            f"NCCL-over-Ethernet {TYPICAL_ETHERNET_ALPHA_S * 1e6:.0f} us. Give your cluster's "
+            "alpha, or better a calibration (nccl-tests output), for a real answer")
     return projection
 
 

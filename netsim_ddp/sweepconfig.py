@@ -43,11 +43,42 @@ class ProjectionConfig(_Strict):
     alpha: Duration | None = Field(
         None, description="Per-hop latency of the target cluster's all-reduce (e.g. '20us'); "
         "default: the alpha fitted here, which carries this host's gloo overheads.")
-    calibration: str | None = Field(
-        None, min_length=1, description="nccl-tests all_reduce_perf output from the target "
-        "cluster (text as printed, or its -J JSON), relative to the scenario file: the "
-        "projection's all-reduce times come from it instead of the alpha and link efficiency "
-        "fitted here (see `netsim-ddp calibrate`); `rates` and `alpha` then do not apply.")
+    calibration: str | list[str] | None = Field(
+        None, description="nccl-tests output from the target cluster (text as printed, or its "
+        "-J JSON), one file or a list, relative to the scenario file: all_reduce_perf on 2 or "
+        "more servers (the network), and optionally a run inside one server (all_reduce_perf, "
+        "reduce_scatter_perf, all_gather_perf: NVLink). The projection's all-reduce times come "
+        "from it instead of the alpha and link efficiency fitted here (see `netsim-ddp "
+        "calibrate`); `rates` and `alpha` then do not apply.")
+    gpus_per_server: int | None = Field(
+        None, ge=1, description="GPUs in one server of the projected cluster; default: the "
+        "one-server calibration's GPUs, else the calibration's GPUs per host (its rank lines).")
+    nvlink_busbw: ProjectedRate | None = Field(
+        None, description="Bus bandwidth of a reduce-scatter or all-gather inside one server "
+        "(e.g. '370GB/s'); default: a one-server calibration's curves, else 370 GB/s, an H100 "
+        "SXM server (NVLink 4, 18 links x 20.6 GB/s).")
+    nvlink_latency: Duration | None = Field(
+        None, description="Latency of one reduce-scatter or all-gather inside a server (e.g. "
+        "'10us'); default: a one-server calibration's curves, else 10 us (NCCL's tuning model).")
+
+    @field_validator("calibration")
+    @classmethod
+    def _files(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and (not value or any(not path for path in value)):
+            raise ValueError("name one or more files")
+        if value == "":
+            raise ValueError("name a file")
+        return value
+
+    def calibration_files(self) -> list[str]:
+        if self.calibration is None:
+            return []
+        return [self.calibration] if isinstance(self.calibration, str) else list(self.calibration)
+
+    def cluster_fields(self) -> dict[str, Any]:
+        """The fields `cluster.build` takes, as given (None = from the calibration/default)."""
+        return {"gpus_per_server": self.gpus_per_server, "nvlink_busbw_bps": self.nvlink_busbw,
+                "nvlink_latency_s": self.nvlink_latency}
 
     @field_serializer("compute", when_used="json")
     def _compute_with_unit(self, value: float | dict[str, float] | None) -> object:

@@ -9,13 +9,9 @@ from click.testing import CliRunner
 from test_sweep_synthetic import base, fake_runner
 
 from netsim_ddp import Scenario
-from netsim_ddp.calibrate import (
-    CalibrationError,
-    collective_time,
-    load_allreduce,
-    project_calibrated,
-)
+from netsim_ddp.calibrate import CalibrationError, load_allreduce
 from netsim_ddp.cli import main
+from netsim_ddp.cluster import collective_time, project_calibrated
 from netsim_ddp.costmodel import TYPICAL_ETHERNET_ALPHA_S
 from netsim_ddp.report import projection_table
 from netsim_ddp.runner import results_document
@@ -23,8 +19,10 @@ from netsim_ddp.sweep import SweepConfig, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"
+ONE_SERVER_RUN = ROOT / "scenarios" / "calibrations" / "gloo-1node-2ranks.txt"
 ONE_HOST = ROOT / "tests" / "unit" / "nccl-tests" / "old-format-error-column.txt"
-SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("*.txt"))
+# The shipped network calibrations (2+ hosts); gloo-1node-2ranks.txt is one server's.
+SHIPPED = sorted((ROOT / "scenarios" / "calibrations").glob("gloo-*nodes-*.txt"))
 
 
 @pytest.mark.parametrize("path", [A3MEGA, *SHIPPED], ids=lambda p: p.name)
@@ -97,7 +95,7 @@ def test_a_sweep_projects_from_its_calibration_and_says_so():
     exposed = max(0.0, allreduce - sweep.fit.model.overlap * projection.compute_s["fp32"])
     assert by["fp32", 16]["exposed_comm_s"] == pytest.approx(exposed)
     assumptions = " ".join(projection.assumptions())
-    assert "nccl-tests" in assumptions and "ring 2(h-1)" in assumptions
+    assert "nccl-tests" in assumptions and "ring 2(n-1)" in assumptions
     # And a sweep reading the file relative to itself:
     scenario = at(ROOT / "scenarios" / "sweep.toml")
     relative = calibrated_config(Path("..") / "tests" / "unit" / "nccl-tests" / A3MEGA.name)
@@ -115,21 +113,26 @@ def test_a_bad_calibration_names_the_field_before_any_point_runs(tmp_path):
 
 
 def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_side():
-    # Measured up to 4 ranks: 16 GPUs is within 8 x, 64 and 1024 are not.
+    # Measured up to 4 ranks with 3 ms hops: 64 and 1024 GPUs are past 8 x; 16 GPUs is not, but
+    # at 100 Gbit/s its all-reduce is more latency (30 hops x 3 ms) than bandwidth, so the host's
+    # latency decides it there too; at 1 Gbit/s 16 GPUs are bandwidth-bound: one number.
     config = SweepConfig(nodes=[1, 2, 3, 4], projection={"gpus": [16, 64, 1024],
-                                                         "rates": ["100gbit"]})
+                                                         "rates": ["100gbit", "1gbit"]})
     sweep = run_sweep(base(), config, runner=fake_runner())
     projection = sweep.projection
-    by = {r["gpus"]: r for r in projection.rows if r["mode"] == "fp32"}
-    assert "efficiency_typical_alpha" not in by[16]
-    assert by[1024]["efficiency_typical_alpha"] > by[1024]["efficiency"]  # 3 ms vs 20 us hops
+    by = {(r["gpus"], r["link_bps"]): r for r in projection.rows if r["mode"] == "fp32"}
+    assert "efficiency_typical_alpha" not in by[16, 1e9]
+    assert by[16, 100e9]["efficiency_typical_alpha"] > by[16, 100e9]["efficiency"]
+    assert by[1024, 1e9]["efficiency_typical_alpha"] > by[1024, 1e9]["efficiency"]
     assert projection.typical_alpha_s == TYPICAL_ETHERNET_ALPHA_S
     assert "THIS HOST'S STACK" in " ".join(projection.assumptions())
     (note,) = projection.notes
     assert "latency term is this host's stack" in note
+    assert "more latency than bandwidth" in note
     table = projection_table(projection.to_record())
-    cells = list(table.columns[-1].cells)
-    assert " / " in cells[0] and " / " not in list(table.columns[2].cells)[0]
+    # Rows: fp32 at 1 Gbit/s, then at 100 Gbit/s; columns: mode, link, 16, 64, 1024 GPUs.
+    assert " / " in list(table.columns[-1].cells)[0]
+    assert [" / " in cell for cell in list(table.columns[2].cells)[:2]] == [False, True]
     # A cluster's alpha given: its own number, no side-by-side.
     given = config.model_copy(update={"projection": config.projection.model_copy(
         update={"alpha": 20e-6})})
@@ -141,12 +144,16 @@ def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     results = tmp_path / "results.json"
     results.write_text(results_document([], [sweep]).to_json())
     out = tmp_path / "report"
+    # The network from one file, NVLink from a one-server run in another (--calibration twice).
     done = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
-                                     "--calibration", str(A3MEGA)])
+                                     "--calibration", str(A3MEGA),
+                                     "--calibration", str(ONE_SERVER_RUN)])
     assert done.exit_code == 0, done.output
     text = (out / "report.md").read_text()
     assert "from the calibration's nccl-tests" in text and "held-out error" in text
-    assert " tree" in text or " ring" in text
+    assert " tree" in text or " ring" in text or " hier" in text
+    assert "2 GPU(s) per server (the one-server run" in text
+    assert "Calibration: reduce_scatter on 2 GPUs (1 hosts)" in text  # its per-size table
     bad = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
                                     "--calibration", str(ONE_HOST.parent / "separate-jobs.txt")])
     assert bad.exit_code == 2 and "--calibration:" in bad.stderr
