@@ -8,11 +8,17 @@ Over the store the agents
 1. say hello (node rank, hostname, NIC address, a digest of the scenario they were given):
    a node that never arrives within --join-timeout ends every agent's run, named;
 2. shape their own NIC to their node's link (fabric/nic.py: recorded first, restored exactly);
-3. run phases: node 0 runs the very code `netsim-ddp run` runs (runner.probe_and_train and
+3. measure their clock's offset to node 0's (netsim_ddp.clock), so every timestamp of the
+   job (measured windows, background byte series, each rank's steps) is on one clock;
+4. run phases: node 0 runs the very code `netsim-ddp run` runs (runner.probe_and_train and
    runner.finish_report) with a launcher that publishes each launch as a phase; every agent
    then starts its torchrun for it. Results land on whichever host the rendezvous made rank 0;
-   its agent uploads them to the store, so node 0 always has them;
-4. end: node 0 publishes the verdict, every agent restores its NIC and reports that it did.
+   its agent uploads them to the store, so node 0 always has them. Background flows are
+   phases too: each agent starts the sinks of the flows to its node, publishes their ports,
+   starts the senders of the flows from its node to the other hosts' addresses, and at the
+   end sends node 0 its ends' byte series, which node 0 assembles into the account `run`
+   makes (runner.finish_report: the same subtraction and background checks);
+5. end: node 0 publishes the verdict, every agent restores its NIC and reports that it did.
 
 Failures: an agent that fails posts `abort` (the first one wins) with the reason and its
 node's name; every agent watches for it, and for heartbeats that stop (an agent that was
@@ -33,13 +39,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from .clock import CLOCK_OFFSET_ENV, estimate_offset
 from .fabric import naming
+from .fabric.background import (
+    BackgroundBytes,
+    BackgroundError,
+    BackgroundTraffic,
+    EndReport,
+    assemble,
+)
 from .fabric.capabilities import probe_capabilities
 from .fabric.core import signals_raise
 from .fabric.netns import libc
@@ -66,6 +80,7 @@ HEARTBEAT_TIMEOUT_S = 15.0  # a host silent this long is gone
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1
 OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
+CLOCK_ROUNDS = 8
 Progress = Callable[[str], None]
 
 
@@ -118,9 +133,9 @@ def validate(options: HostOptions) -> None:
                         "section (see README)")
     if scenario.sweep is not None:
         raise HostConfigError(f"{where}: sweep: sweeps run on one host only (`netsim-ddp run`)")
-    if scenario.background:
-        raise HostConfigError(f"{where}: background: flows between hosts are not supported by "
-                        "`netsim-ddp host` yet; remove them or run the scenario on one host")
+    if scenario.link.schedule:
+        raise HostConfigError(f"{where}: link.schedule: links that change mid-run need the "
+                              "harness's own switch; run the scenario with `netsim-ddp run`")
 
 
 class Control:
@@ -242,6 +257,32 @@ class Control:
                 raise HostError(what(missing))
             time.sleep(POLL_S)
 
+    # -- one clock for the job ---------------------------------------------------------------
+
+    def serve_clock(self) -> None:
+        """Node 0: answer every other node's clock requests (store.wait wakes at once)."""
+        for rank in range(1, self.options.nnodes):
+            for round_ in range(CLOCK_ROUNDS):
+                key = f"clock/{rank}/{round_}"
+                self._call(f"waiting for {self.describe(rank)}'s clock request",
+                           self.store.wait, [f"{PREFIX}{key}/ask"],
+                           timedelta(seconds=self.options.join_timeout_s))
+                self.set(f"{key}/answer", repr(time.monotonic()))
+
+    def offset_to_node0(self) -> tuple[float, float]:
+        """Other nodes: (seconds to add to this host's CLOCK_MONOTONIC to get node 0's, the
+        error bound)."""
+        rounds = iter(range(CLOCK_ROUNDS))
+
+        def exchange() -> float:
+            key = f"clock/{self.options.node_rank}/{next(rounds)}"
+            self.set(f"{key}/ask", "")
+            self._call("waiting for node 0's clock", self.store.wait,
+                       [f"{PREFIX}{key}/answer"], timedelta(seconds=self.options.join_timeout_s))
+            return float(self.get(f"{key}/answer"))
+
+        return estimate_offset(exchange, CLOCK_ROUNDS)
+
     def close(self) -> None:
         self._stop.set()
         if self._beater is not None:
@@ -268,6 +309,8 @@ class HostAgent:
         self.nic: ShapedNic | None = None
         self.job = ""
         self.address = ""
+        self.clock_offset = 0.0  # to node 0's CLOCK_MONOTONIC (netsim_ddp.clock)
+        self.traffic: BackgroundTraffic | None = None  # this host's ends of the flows
 
     # -- the whole life of one agent ----------------------------------------------------------
 
@@ -319,10 +362,15 @@ class HostAgent:
                                     "with the same --nnodes and --iterations")
             self.job = naming.new_run_id()
             control.set("job", self.job)
+            control.serve_clock()
+            error = 0.0
         else:
             control.wait_for(["job"], options.join_timeout_s,
                              lambda _: "node 0 did not start the job")
             self.job = control.get("job").decode()
+            self.clock_offset, error = control.offset_to_node0()
+        control.set(f"clock/{options.node_rank}",
+                    json.dumps({"offset_s": self.clock_offset, "error_s": error}))
 
     def _shaped_run(self, control: Control) -> ScenarioReport | str:
         options = self.options
@@ -332,7 +380,10 @@ class HostAgent:
             with ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
                            netem_available=netem) as nic:
                 self.nic = nic
-                outcome = self._run_shaped(control, nic)
+                try:
+                    outcome = self._run_shaped(control, nic)
+                finally:
+                    self._stop_traffic()
         except NicRestoreError as exc:
             self._post_restored(control, {"ok": False, "error": str(exc)})
             raise
@@ -378,7 +429,7 @@ class HostAgent:
         def launcher(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                      env: Mapping[str, str] | None = None,
                      watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-            # No watchdog to call: real hosts run no forwarders or background flows here.
+            # No watchdog to call: each agent watches its own background ends (_run_phase).
             # Paths travel relative to each agent's --out (rank 0 may be on any host).
             portable = {key: value.replace(str(options.out_dir), OUT_MARK)
                         for key, value in (env or {}).items()}
@@ -388,11 +439,15 @@ class HostAgent:
             self._run_phase(control, phase)
             return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
 
+        def traffic(signals: Path) -> _HostsTraffic:
+            return _HostsTraffic(self, control, phases, signals)
+
         try:
             trained = probe_and_train(options.scenario, workload, report, options.out_dir,
                                       launcher, profile=False,
                                       allow_untrusted=options.allow_untrusted,
-                                      timeout_s=options.timeout_s, progress=self.progress)
+                                      timeout_s=options.timeout_s, progress=self.progress,
+                                      traffic=traffic)
             if trained is not None:
                 finish_report(report, *trained)
         except WorkloadError as exc:
@@ -416,7 +471,8 @@ class HostAgent:
         for rank, hello in sorted(control.hellos.items()):
             entry: dict[str, object] = {"node_rank": rank, "hostname": hello["hostname"],
                                         "address": hello["address"], "nic": hello["nic"]}
-            for key, field in ((f"shaped/{rank}", "shaping"), (f"restored/{rank}", "restored")):
+            for key, field in ((f"shaped/{rank}", "shaping"), (f"restored/{rank}", "restored"),
+                               (f"clock/{rank}", "clock")):
                 with contextlib.suppress(HostError):
                     entry[field] = control.get_json(key) if control.has(key) else None
             summary[self.names[rank]] = entry
@@ -430,8 +486,72 @@ class HostAgent:
             message = control.get_json(f"phase/{index}")
             if "done" in message:
                 return str(message["done"])
-            self._run_phase(control, Phase(**message))
+            if "background" in message:
+                self._background_phase(control, index, message)
+            else:
+                self._run_phase(control, Phase(**message))
         raise AssertionError("unreachable")
+
+    # -- background flows: this host's ends ----------------------------------------------------
+
+    def _background_phase(self, control: Control, index: int, message: dict[str, Any]) -> None:
+        if message["background"] == "start":
+            signals = message["signals"].replace(OUT_MARK, str(self.options.out_dir))
+            self._start_traffic(control, index, Path(signals))
+        else:
+            self._report_traffic(control, index)
+
+    def _start_traffic(self, control: Control, index: int, signals: Path) -> None:
+        """Sinks of the flows to this node first (their ports go to the store), then senders
+        of the flows from it to the other hosts' sinks; returns once every host's are up."""
+        options, flows = self.options, self.options.scenario.background
+        me, node = options.node_rank, self._node()
+        signals.mkdir(parents=True, exist_ok=True)
+        self.traffic = traffic = BackgroundTraffic(None, flows, signals)
+        for flow_index, flow in enumerate(flows):
+            if self._node_rank(flow.destination) == me:
+                port = traffic.start_sink(flow_index, node)
+                control.set(f"background/{index}/port/{flow_index}", str(port))
+        for flow_index, flow in enumerate(flows):
+            if self._node_rank(flow.source) != me:
+                continue
+            destination = self._node_rank(flow.destination)
+            key = f"background/{index}/port/{flow_index}"
+            late = (f"{control.describe(destination)} did not start the sink of background "
+                    f"flow {flow_index} within {options.join_timeout_s:g} s")
+            control.wait_for([key], options.join_timeout_s, _says(late))
+            traffic.start_sender(flow_index, node, control.hellos[destination]["address"],
+                                 int(control.get(key)))
+        control.set(f"background/{index}/ready/{me}", "")
+        control.wait_for([f"background/{index}/ready/{rank}" for rank in range(options.nnodes)],
+                         options.join_timeout_s, lambda missing: ", ".join(
+                             control.describe(_rank_of(key)) for key in missing)
+                         + " did not start its background flows")
+
+    def _report_traffic(self, control: Control, index: int) -> None:
+        """Stop this host's ends; their byte series (or why there are none) go to node 0."""
+        traffic, self.traffic = self.traffic, None
+        ends: list[dict[str, object]] = []
+        error = None
+        try:
+            ends = [end.as_dict() for end in traffic.stop_ends()] if traffic else []
+        except BackgroundError as exc:
+            error = str(exc)
+        control.set(f"background/{index}/ends/{self.options.node_rank}",
+                    json.dumps({"ends": ends, "error": error}))
+
+    def _stop_traffic(self) -> None:
+        """On the way out: no flow of this host outlives its agent."""
+        traffic, self.traffic = self.traffic, None
+        if traffic is not None:
+            with contextlib.suppress(BackgroundError):
+                traffic.stop_ends()
+
+    def _node_rank(self, node: str | int) -> int:
+        return node if isinstance(node, int) else self.names.index(node)
+
+    def _node(self) -> _LocalNode:
+        return _LocalNode(self.options.node_name, self.address, self.clock_offset)
 
     # -- one phase: this host's torchrun ------------------------------------------------------
 
@@ -461,7 +581,7 @@ class HostAgent:
         if SIGNAL_DIR_ENV in local:
             Path(local[SIGNAL_DIR_ENV]).mkdir(parents=True, exist_ok=True)
         env = rank_env(options.nic, {**local, NIC_ENV: options.nic, JOB_ENV: self.job})
-        node = _LocalNode(options.node_name, self.address)
+        node = self._node()
         deadline = time.monotonic() + phase.timeout_s
         with open(logs / f"{node.name}.torchrun.log", "wb") as output:
             process = node.popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=output,
@@ -470,6 +590,8 @@ class HostAgent:
                 while (code := process.poll()) is None:
                     control.raise_if_aborted()
                     control.check_heartbeats()
+                    if self.traffic is not None:
+                        self.traffic.check()  # a dead flow here ends the run, named
                     if time.monotonic() > deadline:
                         raise HostError(f"{control.describe(options.node_rank)}: its ranks "
                                         f"timed out after {phase.timeout_s:g} s\n"
@@ -498,7 +620,7 @@ class HostAgent:
         within moments, or its heartbeat stops (killed): wait for that, then abort with the
         earliest failure any agent reported (the root cause; the others are echoes)."""
         options = self.options
-        stamps = [stamp for stamp, *_ in rank_errors(logs, _LocalNode(options.node_name, ""))]
+        stamps = [stamp for stamp, *_ in rank_errors(logs, self._node())]
         control.set(f"failed/{options.node_rank}",
                     json.dumps({"time": min(stamps, default=int(time.time())),
                                 "echo": _looks_like_echo(failure), "report": failure}))
@@ -513,6 +635,54 @@ class HostAgent:
         reason = f"{control.describe(rank)}: its ranks failed first:\n{report}"
         control.abort(reason)
         control.raise_if_aborted()
+
+
+class _HostsTraffic(contextlib.AbstractContextManager):
+    """Node 0's handle on the background flows of every host, as runner.probe_and_train
+    uses BackgroundTraffic on one host: started before the training phase, stopped after it
+    with every end's byte series assembled into one BackgroundBytes."""
+
+    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
+                 signals: Path):
+        self.agent, self.control, self.phases = agent, control, phases
+        self.portable = str(signals).replace(str(agent.options.out_dir), OUT_MARK)
+
+    def _phase(self, message: dict[str, Any]) -> int:
+        index = next(self.phases)
+        self.control.set(f"phase/{index}", json.dumps(message))
+        self.agent._background_phase(self.control, index, message)
+        return index
+
+    def __enter__(self) -> _HostsTraffic:
+        self._phase({"background": "start", "signals": self.portable})
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.agent._stop_traffic()  # only left running when the run failed: no account
+
+    def check(self) -> None:
+        """Nothing to do here: each agent watches its own ends while its ranks run."""
+
+    def stop(self) -> BackgroundBytes:
+        control, nnodes = self.control, self.agent.options.nnodes
+        index = self._phase({"background": "stop"})
+        keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
+        control.wait_for(keys, HEARTBEAT_TIMEOUT_S * 4, lambda missing: ", ".join(
+            control.describe(_rank_of(key)) for key in missing)
+            + " did not report its background flows")
+        ends, errors = [], []
+        for rank, key in enumerate(keys):
+            reported = control.get_json(key)
+            if reported["error"]:
+                errors.append(f"{control.describe(rank)}: {reported['error']}")
+            ends += [EndReport.from_dict(end) for end in reported["ends"]]
+        if errors:
+            raise BackgroundError("; ".join(errors))
+        return assemble(ends)
+
+
+def _says(message: str) -> Callable[[list[str]], str]:
+    return lambda _missing: message
 
 
 def _rank_of(key: str) -> int:
@@ -532,9 +702,13 @@ class _LocalNode:
 
     name: str
     address: str
+    clock_offset: float = 0.0
 
-    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(list(argv), preexec_fn=_die_with_parent, **kwargs)
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        """Started with the job's clock (netsim_ddp.clock), dying with the agent."""
+        env = {**(kwargs.pop("env", None) or os.environ),
+               CLOCK_OFFSET_ENV: repr(self.clock_offset)}
+        return subprocess.Popen(list(argv), preexec_fn=_die_with_parent, env=env, **kwargs)
 
 
 def _die_with_parent() -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..clock import job_clock
 from ..scenario import BackgroundFlow
 from ..signals import new_window, window_ended
 from ..units import ETHERNET_HEADER, TCP_IP_HEADERS
@@ -70,8 +71,9 @@ def scheduled_on_s(flow: BackgroundFlow, window_s: float) -> float:
 
 @dataclass(frozen=True)
 class BackgroundBytes:
-    """Wire bytes the flows' ends had sent over time: one series of (monotonic s, bytes) per
-    end, sampled from TCP_INFO as they ran, so any window of the run can be accounted for."""
+    """Wire bytes the flows' ends had sent over time: one series of (job clock s, bytes) per
+    end (netsim_ddp.clock), sampled from TCP_INFO as they ran, so any window of the run can
+    be accounted for."""
 
     series: tuple[tuple[tuple[float, int], ...], ...] = ()
     # Per sender: (its role, the windows it followed as (mode, seen start, seen end or None)).
@@ -87,14 +89,14 @@ class BackgroundBytes:
         return self.series[0::2]
 
     def between(self, start_s: float, end_s: float) -> float:
-        """Bytes sent within [start_s, end_s] (CLOCK_MONOTONIC), interpolated.
+        """Bytes sent within [start_s, end_s] (the job clock), interpolated.
 
         TCP counts a segment when it enters the link's queue and tc when it leaves, so this
         differs from the links' counters over the same window by at most a queue's worth."""
         return sum(_at(points, end_s) - _at(points, start_s) for points in self.series)
 
     def missed_window(self, mode: str, start_s: float, end_s: float) -> list[str]:
-        """Why senders did not follow `mode`'s measured window [start_s, end_s] (monotonic):
+        """Why senders did not follow `mode`'s measured window [start_s, end_s] (job clock):
         each must have seen its start inside it. Seen before it: a start file older than the
         window (replayed); after it: the flow never ran while the mode was measured."""
         problems = []
@@ -129,7 +131,7 @@ class _WireMeter:
         self.sample(force=True)
 
     def sample(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = job_clock()
         if force or now - self.points[-1][0] >= self.every_s:
             info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
             (segs_out,) = struct.unpack_from("I", info, _TCPI_SEGS_OUT)
@@ -147,7 +149,7 @@ class _WireMeter:
 
 def _write_report(report: Path, points: list[tuple[float, int]],
                   windows: list[list] | None = None) -> None:
-    """{"points": [[monotonic s, bytes]...], "windows": [[mode, start, end]...] (senders
+    """{"points": [[job clock s, bytes]...], "windows": [[mode, start, end]...] (senders
     following signals) or null}."""
     partial = report.with_suffix(".partial")
     partial.write_text(json.dumps({"points": points, "windows": windows}))
@@ -158,8 +160,54 @@ class BackgroundError(FabricError):
     """A flow's sender or sink died or reported nothing: its bytes cannot be accounted for."""
 
 
+@dataclass(frozen=True)
+class EndReport:
+    """What one end of a flow reported when stopped: its byte series and, for a sender that
+    followed signals, the windows it followed. Plain data, so a host can send it to node 0."""
+
+    flow: int  # index in the scenario's [[background]]
+    kind: str  # "sender" or "sink"
+    role: str  # e.g. "sender in n0", for messages
+    points: tuple[tuple[float, int], ...]
+    windows: tuple[tuple[str, float, float | None], ...] | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {"flow": self.flow, "kind": self.kind, "role": self.role,
+                "points": self.points, "windows": self.windows}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EndReport:
+        windows = data["windows"]
+        return cls(int(data["flow"]), str(data["kind"]), str(data["role"]),
+                   tuple((float(t), int(b)) for t, b in data["points"]),
+                   None if windows is None else
+                   tuple((str(mode), float(start), end) for mode, start, end in windows))
+
+
+def assemble(ends: list[EndReport]) -> BackgroundBytes:
+    """The ends of every flow, wherever they ran, as one account: flow by flow, each sender
+    before its sink (BackgroundBytes.senders relies on that order)."""
+    ordered = sorted(ends, key=lambda end: (end.flow, end.kind != "sender"))
+    return BackgroundBytes(tuple(end.points for end in ordered),
+                           tuple((end.role, end.windows) for end in ordered
+                                 if end.windows is not None))
+
+
+@dataclass
+class _End:
+    flow: int
+    kind: str
+    role: str
+    process: subprocess.Popen
+    report: Path
+
+
 class BackgroundTraffic:
-    """Start every flow of a scenario inside a built fabric; stop them and count their bytes."""
+    """Start every flow of a scenario inside a built fabric; stop them and count their bytes.
+
+    `netsim-ddp host` starts each end on its own host instead (start_sink on the destination's,
+    start_sender on the source's, with the sink's port passed between them) and assembles the
+    ends' reports on node 0."""
 
     def __init__(self, fabric, flows: list[BackgroundFlow], signals: Path | None = None):
         """With `signals`, each flow follows its schedule only inside the measured windows
@@ -171,12 +219,15 @@ class BackgroundTraffic:
             raise ValueError(f"background traffic needs a fresh signal folder, and {signals} "
                              "holds an earlier run's signals, which the senders would replay")
         self._reports = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
-        self._running: list[tuple[str, subprocess.Popen, Path]] = []
+        self._running: list[_End] = []
 
     def __enter__(self) -> BackgroundTraffic:
         try:
-            for flow in self.flows:
-                self._start(flow)
+            for index, flow in enumerate(self.flows):
+                source = self.fabric.node(flow.source)
+                destination = self.fabric.node(flow.destination)
+                port = self.start_sink(index, destination)
+                self.start_sender(index, source, destination.address, port)
         except BaseException:
             self.stop()
             raise
@@ -189,40 +240,40 @@ class BackgroundTraffic:
             with contextlib.suppress(RuntimeError):
                 self.stop()
 
-    def _start(self, flow: BackgroundFlow) -> None:
-        source, destination = self.fabric.node(flow.source), self.fabric.node(flow.destination)
-        command = [sys.executable, "-P", "-m", __name__]  # -P: never import from the cwd
-        index = len(self._running)
-        sink_report = self._reports / f"{index}-sink.json"
-        with open(sink_report.with_suffix(".err"), "wb") as stderr:  # kept: says why it died
-            sink = destination.popen([*command, "sink", destination.address, str(sink_report)],
-                                     stdout=subprocess.PIPE, stderr=stderr, text=True)
-        self._running.append((f"sink in {destination.name}", sink, sink_report))
-        port = _read_line(sink, "sink")
+    def start_sink(self, index: int, node) -> int:
+        """Flow `index`'s sink in `node` (anything with name, address and popen); its port."""
+        report = self._reports / f"{index}-sink.json"
+        with open(report.with_suffix(".err"), "wb") as stderr:  # kept: says why it died
+            sink = node.popen([*_COMMAND, "sink", node.address, str(report)],
+                              stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self._running.append(_End(index, "sink", f"sink in {node.name}", sink, report))
+        return int(_read_line(sink, "sink"))
+
+    def start_sender(self, index: int, node, address: str, port: int) -> None:
+        """Flow `index`'s sender in `node`, to its sink at address:port; returns connected."""
         signals = ["--signals", str(self.signals)] if self.signals else []
-        sender_report = self._reports / f"{index}-sender.json"
-        with open(sender_report.with_suffix(".err"), "wb") as stderr:
-            sender = source.popen([*command, "send", destination.address, port,
-                                   flow.model_dump_json(), str(sender_report), *signals],
-                                  stdout=subprocess.PIPE, stderr=stderr, text=True)
-        self._running.insert(-1, (f"sender in {source.name}", sender, sender_report))
+        report = self._reports / f"{index}-sender.json"
+        with open(report.with_suffix(".err"), "wb") as stderr:
+            sender = node.popen([*_COMMAND, "send", address, str(port),
+                                 self.flows[index].model_dump_json(), str(report), *signals],
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self._running.append(_End(index, "sender", f"sender in {node.name}", sender, report))
         _read_line(sender, "sender")  # connected
 
-    def _why(self, role: str, process: subprocess.Popen, report: Path) -> str:
+    def _why(self, end: _End) -> str:
         try:
-            stderr = report.with_suffix(".err").read_text(errors="replace").strip()[-2000:]
+            stderr = end.report.with_suffix(".err").read_text(errors="replace").strip()[-2000:]
         except OSError:
             stderr = ""
-        code = process.returncode
+        code = end.process.returncode
         status = f"killed by signal {-code}" if code is not None and code < 0 else \
             f"exit code {code}"
-        return f"{role} ({status}; stderr: {stderr or '(empty)'})"
+        return f"{end.role} ({status}; stderr: {stderr or '(empty)'})"
 
     def check(self) -> None:
         """Raise BackgroundError if an end exited while the run needs it (it would only be
         noticed at stop, after the modes it should have contended with)."""
-        dead = [self._why(role, process, report) for role, process, report in self._running
-                if process.poll() is not None]
+        dead = [self._why(end) for end in self._running if end.process.poll() is not None]
         if dead:
             raise BackgroundError("background traffic: " + "; ".join(dead) + " died while the "
                                   "ranks trained, so they did not meet the scenario's contention")
@@ -230,33 +281,37 @@ class BackgroundTraffic:
     def stop(self) -> BackgroundBytes:
         """Stop every flow; what all their ends put on the wire, over time. Raises
         BackgroundError if an end died, exited non-zero or reported no counters."""
+        return assemble(self.stop_ends())
+
+    def stop_ends(self) -> list[EndReport]:
+        """Stop the ends started here; each one's report (see stop)."""
         running, self._running = self._running, []
-        died = [(role, process, report) for role, process, report in running
-                if process.poll() is not None]
-        for _, process, _ in running:  # senders first: each precedes its sink
-            _terminate(process)
-        series, windows, missing = [], [], []
-        for role, process, report in running:
+        died = [end for end in running if end.process.poll() is not None]
+        for end in sorted(running, key=lambda end: end.kind != "sender"):  # senders first
+            _terminate(end.process)
+        reports, missing = [], []
+        for end in running:
             try:
-                data = json.loads(report.read_text())
-                points = tuple((float(t), int(b)) for t, b in data["points"])
-                if data["windows"] is not None:
-                    windows.append((role, tuple((str(mode), float(start), end)
-                                                for mode, start, end in data["windows"])))
+                data = json.loads(end.report.read_text())
+                report = EndReport.from_dict({**data, "flow": end.flow, "kind": end.kind,
+                                              "role": end.role})
             except (OSError, ValueError, KeyError, TypeError):
-                missing.append(self._why(role, process, report))
+                missing.append(self._why(end))
                 continue
-            if not points:  # a sink that never had a connection
-                missing.append(f"{role} (no samples: it never carried the flow)")
-            elif process.returncode not in (0, -signal.SIGTERM):
-                missing.append(self._why(role, process, report))
-            series.append(points)
-        problems = [self._why(*end) + " had died before the end" for end in died] + missing
+            if not report.points:  # a sink that never had a connection
+                missing.append(f"{end.role} (no samples: it never carried the flow)")
+            elif end.process.returncode not in (0, -signal.SIGTERM):
+                missing.append(self._why(end))
+            reports.append(report)
+        problems = [self._why(end) + " had died before the end" for end in died] + missing
         shutil.rmtree(self._reports, ignore_errors=True)
         if problems:
             raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
                                   "be told from the training's")
-        return BackgroundBytes(tuple(series), tuple(windows))
+        return reports
+
+
+_COMMAND = [sys.executable, "-P", "-m", __name__]  # -P: never import from the cwd
 
 
 def _read_line(process: subprocess.Popen, role: str) -> str:
@@ -322,10 +377,10 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
             seen: set[str] = set()
             while True:
                 mode = _wait_for_window(signals, seen)
-                windows.append([mode, time.monotonic(), None])
+                windows.append([mode, job_clock(), None])
                 _follow_schedule(sock, meter, flow,
                                  stopped=lambda: window_ended(signals, mode))  # noqa: B023
-                windows[-1][2] = time.monotonic()
+                windows[-1][2] = job_clock()
     except (_Stop, ConnectionError):
         pass
     meter.report_and_reset(report, windows if signals is not None else None)

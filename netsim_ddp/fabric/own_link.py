@@ -8,11 +8,11 @@ warm-up, or the results gathered at the end.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
+from ..clock import job_clock
 from . import naming
 from .qdisc_stats import basic_counts, root_qdisc
 
@@ -21,7 +21,8 @@ NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`)
 
 @dataclass(frozen=True)
 class LinkMark:
-    """What a node had sent by `monotonic_s` (CLOCK_MONOTONIC: one clock for all namespaces)."""
+    """What a node had sent by `monotonic_s` (the job's clock, netsim_ddp.clock: CLOCK_MONOTONIC,
+    one clock for all namespaces, shifted onto node 0's across hosts)."""
 
     monotonic_s: float
     sent_bytes: int
@@ -40,4 +41,4 @@ def mark_own_link(ifname: str | None = None) -> LinkMark | None:
             return None
         msg = root_qdisc(ipr, links[0])
         counts = basic_counts(msg) if msg is not None else None
-    return LinkMark(time.monotonic(), *counts) if counts else None
+    return LinkMark(job_clock(), *counts) if counts else None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from netsim_ddp.clock import job_clock
 from netsim_ddp.workload.hooks import SentBytes
 from netsim_ddp.workload.models import Batch, LossFn
 from netsim_ddp.workload.modes import Mode
@@ -147,7 +148,7 @@ def measure(
         with torch.profiler.record_function(label):
             if timer is not None:
                 timer.start_step()
-            started_monotonic = time.monotonic()
+            started_monotonic = job_clock()  # compared across nodes
             start = time.perf_counter()
             loss = trainer.step(step_batches, sync)
             _device_sync(trainer.device)

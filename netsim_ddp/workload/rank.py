@@ -106,7 +106,7 @@ def run_mode(
         barrier=dist.barrier,
         timer=timer,
         around_measured=lambda: measured_window(
-            mode_name, rank, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
+            mode_name, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
             profiler() if profiler is not None else contextlib.nullcontext(), link_marks),
     )
     rank_samples = RankSamples(

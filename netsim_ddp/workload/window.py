@@ -2,10 +2,11 @@
 
 Inside an emulated node (the harness sets NETSIM_DDP_NODE), each node's local rank 0 reads its
 link's counters at the window's edges, after a barrier: every rank has then finished the previous
-all-reduce, so everything sent before has left the queues and the marks are exact. Rank 0 also
-drops a file at each edge in NETSIM_DDP_SIGNAL_DIR (netsim_ddp.signals), which starts and stops
-the background traffic's schedule, so every mode meets the same schedule from its first
-measured step.
+all-reduce, so everything sent before has left the queues and the marks are exact. Each node's
+local rank 0 also drops a file at each edge in NETSIM_DDP_SIGNAL_DIR (netsim_ddp.signals), which
+starts and stops the background traffic's schedule, so every mode meets the same schedule from
+its first measured step. On one host every node's rank drops the same file (one folder); on a
+multi-host run each host's folder gets its own, for the flows that start there.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ NODE_ENV = "NETSIM_DDP_NODE"
 @contextlib.contextmanager
 def measured_window(
     mode: str,
-    rank: int,
     local_rank: int,
     barrier: Callable[[], None],
     inner: contextlib.AbstractContextManager[object],
@@ -41,7 +41,7 @@ def measured_window(
             if mark is not None:
                 marks.append({"monotonic_s": mark.monotonic_s, "sent_bytes": mark.sent_bytes,
                               "sent_packets": mark.sent_packets})
-        if signals and rank == 0:
+        if signals and local_rank == 0:
             signal_file(signals, name, mode).touch()
 
     edge(START)

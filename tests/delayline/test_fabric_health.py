@@ -132,10 +132,9 @@ def test_run_ends_at_once_when_a_background_sender_dies(tmp_path, monkeypatch) -
     from netsim_ddp.fabric.background import BackgroundError
 
     def kill(fabric, traffic) -> None:
-        role, process, _ = traffic._running[0]
-        assert role.startswith("sender")
-        process.kill()
-        process.wait()
+        sender = next(end for end in traffic._running if end.kind == "sender")
+        sender.process.kill()
+        sender.process.wait()
 
     error, elapsed = _run_killing(tmp_path, monkeypatch, kill)
     assert isinstance(error, BackgroundError) and elapsed < 20

@@ -22,20 +22,38 @@ ROOT = Path(__file__).resolve().parents[2]
 PORT = 29531
 
 
+def scenario_variant(tmp_path: Path, shipped: str, *, background: list | None = None,
+                     topology: dict | None = None, **workload) -> Path:
+    """A shipped scenario's network (its topology changed by `topology`, flows added) with a
+    small, quick model, written where only this test reads it."""
+    data = tomllib.loads((ROOT / "scenarios" / f"{shipped}.toml").read_text())
+    data["topology"].update(topology or {})
+    data["workload"].update({"params": "2M", "batch_size": 8, "iterations": 5, "warmup": 1,
+                             **workload})
+    if background:
+        data["background"] = background
+    plain = [f"{key} = {_toml(value)}" for key, value in data.items()
+             if not isinstance(value, dict)]
+    tables = [f"[{table}]\n" + "\n".join(f"{key} = {_toml(value)}"
+                                           for key, value in values.items())
+              for table, values in data.items() if isinstance(values, dict)]
+    path = tmp_path / f"{shipped}-variant.toml"
+    path.write_text("\n".join(plain + tables) + "\n")
+    return path
+
+
+def _toml(value) -> str:
+    """A TOML value; tables inline (`[[link.override]]` becomes `override = [{...}]`)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    return json.dumps(value)
+
+
 def small_default(tmp_path: Path, iterations: int = 5) -> Path:
     """The shipped default's network (two nodes, 1 Gbit/s links) with a small, quick model."""
-    data = tomllib.loads((ROOT / "scenarios" / "default.toml").read_text())
-    data["workload"].update(params="2M", batch_size=8, iterations=iterations, warmup=1)
-    lines = []
-    for table, values in data.items():
-        if isinstance(values, dict):
-            lines.append(f"[{table}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
-        else:
-            lines.insert(0, f"{table} = {json.dumps(values)}")
-    path = tmp_path / "default-small.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return scenario_variant(tmp_path, "default", iterations=iterations)
 
 
 def start_agents(hosts, scenario: Path, tmp_path: Path, *extra):
@@ -99,6 +117,59 @@ def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
         assert all(sent > 0 for sent in counted.values())
         assert sum(counted.values()) / mode["iterations"] == pytest.approx(
             mode["wire_bytes_per_iteration"])
+
+
+def run_to_the_end(hosts, scenario: Path, tmp_path: Path) -> dict:
+    """Every agent to its end; node 0's report, with every NIC exactly as it was before."""
+    before = [host.tc_dump() for host in hosts]
+    agents = start_agents(hosts, scenario, tmp_path)
+    outputs = [finish(agent, 240) for agent in agents]
+    assert [agent.returncode for agent in agents] == [0] * len(hosts), "\n".join(outputs)
+    assert "job finished (passed)" in outputs[-1]
+    assert [host.tc_dump() for host in hosts] == before
+    assert not any(host_state(host).exists() for host in hosts)
+    (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
+    assert report["status"] == "passed", report["checks"]
+    for name, host in report["hosts"].items():
+        assert host["restored"] == {"ok": True, "error": None}, name
+        # one machine, one clock: each offset found as ~0
+        assert abs(host["clock"]["offset_s"]) <= host["clock"]["error_s"] + 0.002, name
+    return report
+
+
+@pytest.mark.ddp
+def test_slow_node_on_three_hosts_with_flows_between_them(three_hosts, tmp_path):
+    """The shipped slow-node on three hosts: its override by name (gpu3) lands on node rank
+    2's NIC; background flows by node name (gpu0 <-> gpu1, fixed on/off so both modes meet
+    them) run between the hosts and are accounted as on one host."""
+    flow = {"on": "200ms", "off": "100ms", "distribution": "fixed", "rate": "100mbit"}
+    scenario = scenario_variant(
+        tmp_path, "slow-node", modes=["fp32", "amp-fp16"], iterations=4,
+        topology={"nodes": 3, "names": ["gpu0", "gpu1", "gpu3"]},
+        background=[{"source": "gpu0", "destination": "gpu1", "seed": 1, **flow},
+                    {"source": "gpu1", "destination": "gpu0", "seed": 2, **flow}])
+    report = run_to_the_end(three_hosts, scenario, tmp_path)
+    rates = {name: (host["node_rank"], host["shaping"]["egress_bps"],
+                    host["shaping"]["ingress_bps"]) for name, host in report["hosts"].items()}
+    assert rates == {"gpu0": (0, 1e9, 1e9), "gpu1": (1, 1e9, 1e9), "gpu3": (2, 250e6, 250e6)}
+    fidelity = report["fidelity"]  # the all-reduce ran at the slow link's pace, not faster
+    assert fidelity["expected_bps"] < 250e6
+    assert fidelity["busbw_bps"] <= 1.05 * fidelity["expected_bps"]
+    assert {"wire-bytes:amp-fp16/fp32", "expect:comm_s.median:amp-fp16/fp32", "crossed:fp32",
+            "crossed:amp-fp16", "background:fp32", "background:amp-fp16"} <= {
+        check["name"] for check in report["checks"]}
+    for name, mode in report["modes"].items():
+        # every host's own counters make up the wire bytes, training and background...
+        sent = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
+        assert set(sent) == {"nsdhost0", "nsdhost1", "nsdhost2"}
+        assert sum(sent.values()) / mode["iterations"] == pytest.approx(
+            mode["wire_bytes_per_iteration"] + mode["background_bytes_per_iteration"])
+        # ...the flows' share, counted by their ends on two hosts, was taken off...
+        assert mode["background_bytes_per_iteration"] > 0.1 * mode[
+            "wire_bytes_per_iteration"], name
+        # ...and they ran where the scenario put them: gpu3 (host 2) carries none, so it
+        # sends less than both senders (the ring gives every node the same share)
+        assert sent["nsdhost2"] < min(sent["nsdhost0"], sent["nsdhost1"]), (name, sent)
 
 
 @pytest.mark.ddp

@@ -25,8 +25,10 @@ def test_nodes_must_be_the_hosts():
 
 
 def test_what_multi_host_does_not_run_yet_is_refused_by_name():
-    with pytest.raises(HostConfigError, match="background"):
-        validate(options(background=[{"source": "n0", "destination": "n1"}]))
+    validate(options(background=[{"source": "n0", "destination": "n1"}]))  # runs: by name
+    with pytest.raises(HostConfigError, match="link.schedule"):
+        validate(options(link={"rate": "1gbit", "schedule": [
+            {"at": "1s", "node": "n1", "rate": "100mbit"}]}))
     with pytest.raises(HostConfigError, match="workload: required"):
         validate(options(workload=None))
 

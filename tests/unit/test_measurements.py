@@ -4,6 +4,7 @@ timings, and the background flows' ends."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ from netsim_ddp.fabric.background import (
     BackgroundBytes,
     BackgroundError,
     BackgroundTraffic,
+    EndReport,
+    _End,
+    assemble,
     scheduled_on_s,
 )
 from netsim_ddp.scenario import BackgroundFlow
@@ -144,7 +148,8 @@ def _traffic_with(tmp_path: Path, ends: list[tuple[str, str, str | None]]) -> Ba
             path.write_text(f'{{"points": {report}, "windows": null}}')
         with open(path.with_suffix(".err"), "wb") as stderr:
             process = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
-        traffic._running.append((role, process, path))
+        kind = role.split()[0]
+        traffic._running.append(_End(0, kind, role, process, path))
     return traffic
 
 
@@ -152,7 +157,7 @@ def test_an_end_that_died_mid_run_is_named_at_once(tmp_path) -> None:
     traffic = _traffic_with(tmp_path, [
         ("sender in n0", "import sys; sys.exit('BrokenPipeError: the sink went away')", "[]"),
         ("sink in n1", "import time; time.sleep(30)", "[[1.0, 0], [2.0, 10]]")])
-    traffic._running[0][1].wait()
+    traffic._running[0].process.wait()
     with pytest.raises(BackgroundError) as caught:
         traffic.check()
     assert "sender in n0 (exit code 1; stderr: BrokenPipeError: the sink went away)" \
@@ -177,6 +182,24 @@ def test_ends_that_report_are_accounted(tmp_path) -> None:
         ("sink in n1", "import time; time.sleep(30)", "[[1.0, 0], [2.0, 10]]")])
     traffic.check()
     assert traffic.stop().total == 110
+
+
+def test_ends_from_several_hosts_assemble_flow_by_flow_senders_first() -> None:
+    """`netsim-ddp host` gathers each host's ends in any order; BackgroundBytes.senders must
+    still be each flow's sender, in flow order, and survive the trip through JSON."""
+    def end(flow: int, kind: str, sent: int) -> EndReport:
+        windows = ((("fp32", 1.5, 2.5),) if kind == "sender" else None)
+        return EndReport(flow, kind, f"{kind} of flow {flow}", ((1.0, 0), (3.0, sent)), windows)
+
+    gathered = [end(1, "sink", 5), end(0, "sender", 100), end(1, "sender", 300),
+                end(0, "sink", 2)]
+    travelled = [EndReport.from_dict(json.loads(json.dumps(e.as_dict()))) for e in gathered]
+    assert travelled == gathered
+    background = assemble(travelled)
+    assert [points[-1][1] for points in background.senders] == [100, 300]
+    assert background.total == 407
+    assert [role for role, _ in background.windows] == ["sender of flow 0", "sender of flow 1"]
+    assert background.missed_window("fp32", 1.0, 2.0) == []
 
 
 # -- background flows within each mode's window ----------------------------------------------
