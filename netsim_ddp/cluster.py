@@ -350,9 +350,10 @@ def reproject(projection: ProjectionRecord, cluster: Cluster | Calibration) -> P
     """A projection from a results document, projected again on `cluster`: the same modes,
     compute, bytes, buckets, overlap and GPU counts."""
     gpus = sorted({row.gpus for row in projection.rows})
+    model = projection.model
     return calibrated_projection(
-        cluster, CostModel(**projection.model.model_dump(include={
-            "alpha_s", "bandwidth_efficiency", "overlap"})),
+        cluster, CostModel(alpha_s=model.alpha_s, bandwidth_efficiency=model.bandwidth_efficiency,
+                           overlap=model.overlap),
         compute_s=projection.compute_s, bytes_per_rank=projection.bytes_per_rank,
         buckets=projection.buckets, gpus=gpus).to_record()
 

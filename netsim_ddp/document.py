@@ -364,8 +364,20 @@ class CalibrationSizeRecord(Record):
     held_out_error: float | None = None
 
 
+class ClusterRecord(Record):
+    """cluster.Cluster: the servers a calibrated projection runs on (network and NVLink)."""
+
+    gpus_per_server: int
+    gpus_source: str = ""
+    nvlink: dict[str, Any] = Field(default_factory=dict)
+    intra_calibrations: list[CalibrationRecord] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class CalibrationRecord(Record):
     """calibrate.Calibration: nccl-tests all-reduce times of a real cluster."""
+
+    _omit_none = frozenset({"cluster"})
 
     collective: str
     world_size: int
@@ -380,10 +392,12 @@ class CalibrationRecord(Record):
     max_abs_error_from_1MiB: float | None = None
     max_abs_held_out_error_from_1MiB: float | None = None
     alpha_beta_line: dict[str, float] = Field(default_factory=dict)
+    cluster: ClusterRecord | None = None  # a projection's network calibration: its servers
 
 
 class ProjectionRow(Record):
-    _omit_none = frozenset({"step_s_typical_alpha", "efficiency_typical_alpha"})
+    _omit_none = frozenset({"step_s_typical_alpha", "efficiency_typical_alpha", "servers",
+                            "gpus_per_server", "nvlink_s", "network_s"})
 
     mode: str
     gpus: int
@@ -395,6 +409,10 @@ class ProjectionRow(Record):
     algorithm: str = "flat ring"
     step_s_typical_alpha: float | None = None  # with a typical NCCL per-hop latency
     efficiency_typical_alpha: float | None = None
+    servers: int | None = None  # calibrated: the servers the GPUs fill, and how many each holds
+    gpus_per_server: int | None = None
+    nvlink_s: float | None = None  # hierarchical and NVLink-only rows: the two levels' shares
+    network_s: float | None = None
 
 
 class ProjectionRecord(Record):

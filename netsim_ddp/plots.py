@@ -452,9 +452,8 @@ def _sweep_section(doc: _Doc, sweep: SweepRecord, out: Path) -> None:
             doc.para(f"Note: {note}")
         if calibrated:
             _calibration_table(doc, calibrated)
-            cluster = (calibrated.model_extra or {}).get("cluster") or {}
-            for intra in cluster.get("intra_calibrations", []):  # NVLink's one-server runs
-                _calibration_table(doc, CalibrationRecord.model_validate(intra, strict=False))
+            for intra in calibrated.cluster.intra_calibrations if calibrated.cluster else []:
+                _calibration_table(doc, intra)  # the NVLink level's one-server runs
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
     for note in sweep.notes:

@@ -1,11 +1,12 @@
-"""The measured windows' signal files: how rank 0 tells the harness's helpers (background flows,
-the link scheduler) that a mode's measured iterations start and end, across process and
+"""The measured windows' signal files: how the ranks tell the harness's helpers (background
+flows, the link scheduler) that a mode's measured iterations start and end, across process and
 namespace boundaries, with nothing but a shared folder.
 
-Rank 0 creates `start-MODE` after the barrier that opens the window and `end-MODE` after the one
-that closes it. A follower takes each `start-` file it has not seen as a new window and keeps to
-it until that mode's `end-` file exists. The folder must be fresh for every run: an earlier
-run's files would be replayed as windows.
+Each node's local rank 0 creates `start-MODE` after the barrier that opens the window and
+`end-MODE` after the one that closes it (on one host every node writes the same file into one
+folder; on a multi-host run each host's folder gets its own). A follower takes each `start-`
+file it has not seen as a new window and keeps to it until that mode's `end-` file exists. The
+folder must be fresh for every run: an earlier run's files would be replayed as windows.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ START, END = "start", "end"
 
 
 def signal_file(directory: Path | str, edge: str, mode: str) -> Path:
-    """The file rank 0 creates when a mode's measured window starts or ends."""
+    """The file each node's local rank 0 creates when a mode's measured window starts or ends."""
     return Path(directory) / f"{edge}-{mode}"
 
 
