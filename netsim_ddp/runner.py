@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from . import __version__
 from .crossing import CrossingVerdict, expected_cross_node
@@ -64,7 +64,13 @@ class CollectiveFidelity:
     Each attempt all-reduces every dtype the modes send (float32, and float16 or bfloat16 for
     the compressing hooks) and scores by the slowest: a run is only as faithful as its slowest
     mode. The probe may run several attempts (fidelity.attempts); the verdict uses the best,
-    since the link's cap keeps any attempt from overstating what the host can do."""
+    since the link's cap keeps any attempt from overstating what the host can do. For the same
+    reason a probe well above the cap is no measurement of the emulated network: its traffic
+    went around the shaped links, and so would the training's."""
+
+    # TBF's burst and the goodput estimate's rounding let a faithful probe read a few percent
+    # over the cap; this much over it means the traffic did not cross the shaped links.
+    max_fraction: ClassVar[float] = 1.25
 
     size_bytes: int  # the float32 all-reduce; 16-bit dtypes send the same elements in half
     world_size: int
@@ -84,7 +90,7 @@ class CollectiveFidelity:
 
     @property
     def trusted(self) -> bool:
-        return self.fraction >= self.min_fraction
+        return self.min_fraction <= self.fraction <= self.max_fraction
 
     @property
     def best_by_dtype(self) -> dict[str, float]:
@@ -113,6 +119,12 @@ class CollectiveFidelity:
                      + ", ".join(f"{bps / 1e6:.0f}" for bps in self.attempts_bps) + " Mbit/s")
         if self.trusted:
             return text
+        if self.fraction > self.max_fraction:
+            return (text + f": faster than the emulated link can carry (more than "
+                    f"{self.max_fraction:.0%}), so the probe's traffic went around the shaped "
+                    "links and the training's would too. Check that the ranks use the nodes' "
+                    "addresses (MASTER_ADDR, GLOO_SOCKET_IFNAME) and that nothing routes "
+                    "between namespaces outside the switch")
         float32 = by_dtype.get("float32", 0.0) / self.expected_bps
         if len(by_dtype) > 1 and float32 >= self.min_fraction:
             text += f" (float32 {float32:.0%}: gloo sums 16-bit floats on the CPU, slower)"
@@ -621,7 +633,7 @@ def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: 
                                    if r.host_load), None)
         fidelity.dtype_bps.append(by_dtype)
         fidelity.attempts_bps.append(min(by_dtype.values()))
-        if fidelity.trusted:
+        if fidelity.fraction >= fidelity.min_fraction:  # more attempts cannot undo an overshoot
             break
     return fidelity
 
