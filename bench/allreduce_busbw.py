@@ -45,10 +45,10 @@ def main() -> None:
             report = run_scenario(scenario, out_dir=Path(out), allow_untrusted=True)
         probe = report.fidelity.busbw_bps / scenario.link.rate
         for mode, result in report.modes.items():
-            data = result.as_dict()
+            record = result.to_record()
             row = {"rate": rate, "probe_busbw_over_link": probe, "mode": mode,
-                   "comm_over_ring_lower_bound": data["comm_over_ring_lower_bound"],
-                   "busbw_over_link": data["busbw_over_link"]}
+                   "comm_over_ring_lower_bound": record.comm_over_ring_lower_bound,
+                   "busbw_over_link": record.busbw_over_link}
             rows.append(row)
             table.add_row(rate, f"{probe:.3f}", ">= 0.95" if rate == "1gbit" else "",
                           mode, f"{row['comm_over_ring_lower_bound']:.2f}",

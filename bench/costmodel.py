@@ -9,11 +9,11 @@ step time), the fitted parameters, and the projection; writes the JSON and the r
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from netsim_ddp import Scenario
+from netsim_ddp.document import SweepRecord, load_document, save
 from netsim_ddp.fabric.privilege import ensure_network_privilege
 from netsim_ddp.runner import results_document
 from netsim_ddp.sweep import run_sweep
@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.from_json:
-        document = json.loads(Path(args.from_json).read_text())
+        document = load_document(args.from_json)
         json_path = Path(args.from_json)
     else:
         ensure_network_privilege()
@@ -43,9 +43,8 @@ def main() -> None:
         print(f"sweep ran in {time.monotonic() - started:.0f} s "
               f"({', '.join(f'{p.seconds:.0f} s' for p in sweep.points)} per point)")
         document = results_document([], [sweep])
-        json_path = Path(args.json)
-        json_path.write_text(json.dumps(document, indent=1))
-    for entry in document["sweeps"]:
+        json_path = save(document, args.json)
+    for entry in document.sweeps:
         print_sweep(entry)
     from netsim_ddp.plots import report
 
@@ -53,46 +52,46 @@ def main() -> None:
     print(f"report: {index}")
 
 
-def print_sweep(entry: dict) -> None:
-    print(f"\n{entry['name']}: measured points (medians)")
+def print_sweep(entry: SweepRecord) -> None:
+    print(f"\n{entry.name}: measured points (medians)")
     print(f"  {'point':<18}{'mode':<10}{'step ms':>9}{'compute':>9}{'comm':>8}{'eff':>6}"
           f"{'samples/s':>11}")
-    for point in entry["points"]:
-        for mode, m in point["modes"].items():
-            print(f"  {point['label']:<18}{mode:<10}{m['step_s'] * 1e3:9.1f}"
-                  f"{m['compute_s'] * 1e3:9.1f}{m['comm_s'] * 1e3:8.1f}"
-                  f"{m['scaling_efficiency']:6.2f}{m['throughput_samples_s']:11.0f}")
-    holdout = entry.get("holdout")
+    for point in entry.points:
+        for mode, m in point.modes.items():
+            print(f"  {point.label:<18}{mode:<10}{m.step_s * 1e3:9.1f}"
+                  f"{m.compute_s * 1e3:9.1f}{m.comm_s * 1e3:8.1f}"
+                  f"{m.scaling_efficiency:6.2f}{m.throughput_samples_s:11.0f}")
+    holdout = entry.holdout
     if holdout:
-        fitted = holdout["fit"]["model"]
+        fitted = holdout.fit.model
         print(f"\nheld-out check: fitted on the smaller points: alpha "
-              f"{fitted['alpha_s'] * 1e3:.2f} ms, bandwidth {fitted['bandwidth_efficiency']:.0%} "
-              f"of link, overlap {fitted['overlap']:.2f}")
-        for point in holdout["held_out"]:
-            print(f"  {point['label']:<18}{point['mode']:<10} measured "
-                  f"{point['step_s'] * 1e3:7.1f} ms, predicted {point['predicted_s'] * 1e3:7.1f}"
-                  f" ms, error {point['error']:+.1%}")
-        verdict = "within" if holdout["within_target"] else "OUTSIDE"
-        print(f"  max |error| {holdout['max_abs_error']:.1%}: {verdict} the "
-              f"{holdout['target']:.0%} target")
-    if entry.get("fit"):
-        model = entry["fit"]["model"]
-        print(f"\nmodel on all points: alpha {model['alpha_s'] * 1e3:.2f} ms, bandwidth "
-              f"{model['bandwidth_efficiency']:.0%} of link, overlap {model['overlap']:.2f} "
-              f"(rms error {entry['fit']['rms_relative_error']:.1%}, condition "
-              f"{entry['fit']['condition']:.0f})")
-    projection = entry.get("projection")
+              f"{fitted.alpha_s * 1e3:.2f} ms, bandwidth {fitted.bandwidth_efficiency:.0%} "
+              f"of link, overlap {fitted.overlap:.2f}")
+        for held in holdout.held_out:
+            print(f"  {held.label:<18}{held.mode:<10} measured "
+                  f"{(held.step_s or 0) * 1e3:7.1f} ms, predicted {held.predicted_s * 1e3:7.1f}"
+                  f" ms, error {held.error:+.1%}")
+        verdict = "within" if holdout.within_target else "OUTSIDE"
+        print(f"  max |error| {holdout.max_abs_error:.1%}: {verdict} the "
+              f"{holdout.target:.0%} target")
+    if entry.fit:
+        model = entry.fit.model
+        print(f"\nmodel on all points: alpha {model.alpha_s * 1e3:.2f} ms, bandwidth "
+              f"{model.bandwidth_efficiency:.0%} of link, overlap {model.overlap:.2f} "
+              f"(rms error {entry.fit.rms_relative_error:.1%}, condition "
+              f"{entry.fit.condition:.0f})")
+    projection = entry.projection
     if projection:
-        print(f"\n{projection['label']}")
-        rates = sorted({row["link_bps"] for row in projection["rows"]})
-        gpus = sorted({row["gpus"] for row in projection["rows"]})
+        print(f"\n{projection.label}")
+        rates = sorted({row.link_bps for row in projection.rows})
+        gpus = sorted({row.gpus for row in projection.rows})
         print(f"  {'mode':<10}{'GbE':>5}" + "".join(f"{n:>8}" for n in gpus))
-        for mode in projection["compute_s"]:
+        for mode in projection.compute_s:
             for rate in rates:
-                cells = {row["gpus"]: row["efficiency"] for row in projection["rows"]
-                         if row["mode"] == mode and row["link_bps"] == rate}
+                cells = {row.gpus: row.efficiency for row in projection.rows
+                         if row.mode == mode and row.link_bps == rate}
                 print(f"  {mode:<10}{rate / 1e9:5.0f}" + "".join(f"{cells[n]:8.2f}" for n in gpus))
-    for note in entry.get("notes", []):
+    for note in entry.notes:
         print(f"note: {note}")
 
 

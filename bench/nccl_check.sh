@@ -15,8 +15,8 @@
 #       --platform manylinux_2_28_x86_64 --platform any -d wheels/ \
 #       "pyroute2>=0.9.7,<0.10" "pydantic>=2.6,<3" "click>=8.1" "rich>=13" numpy scipy
 #   pip wheel --no-deps -w wheels/ .
-# (wheels/ is git-ignored: never commit it.) matplotlib is left out on purpose: only
-# `netsim-ddp report` needs it.
+# (wheels/ is git-ignored: never commit it.) matplotlib and ruptures are left out on purpose:
+# only `netsim-ddp report` and `netsim-ddp history` need them.
 #
 # Usage, from the repository root on the GPU host:
 #   bench/nccl_check.sh [WHEELS_DIR]           (default: wheels/)
@@ -61,7 +61,8 @@ else
     fi
     "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps "${target[@]}" "$project"
     # What the host has (torch, numpy...) satisfies these in a venv; the rest comes from wheels.
-    # pip then notes that matplotlib is missing: expected, only `netsim-ddp report` needs it.
+    # pip then notes that matplotlib and ruptures are missing: expected, only `netsim-ddp
+    # report` and `history` need them.
     "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${target[@]}" "${deps[@]}"
 fi
 

@@ -8,11 +8,7 @@ benchmark's `extra_info`.
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import json
-import platform
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +17,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
+from .document import MachineInfo, content_digest, machine_warning, utc_now
 from .gate import Tolerance, Verdict, regression_verdict
+from .metrics import statistic
 from .runner import ScenarioReport
 
 FORMAT = 1
@@ -37,7 +35,7 @@ def scenario_digest(report: ScenarioReport) -> str:
     data = report.scenario.model_dump(mode="json", exclude={"name", "description", "fidelity"})
     if data.get("workload"):
         data["workload"].pop("iterations", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    return content_digest(data)
 
 
 def _stats(samples: Sequence[float]) -> dict[str, object]:
@@ -81,12 +79,10 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                     "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
             })
     document = {
-        "machine_info": {"node": socket.gethostname(), "machine": platform.machine(),
-                         "python_version": platform.python_version(), "system": platform.system(),
-                         "release": platform.release()},
+        "machine_info": MachineInfo.of_this_host().dump(),
         "commit_info": {},
         "benchmarks": benchmarks,
-        "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
+        "datetime": utc_now(),
         "version": "5.1.0",  # the pytest-benchmark file format this follows
         "netsim_ddp": {"format": FORMAT, "version": __version__},
     }
@@ -135,6 +131,7 @@ class _Document(BaseModel):
     """The parts of a baseline file netsim-ddp reads; pytest-benchmark's own fields pass."""
 
     benchmarks: list[_Benchmark] = Field(default_factory=list)
+    machine_info: MachineInfo | None = None
 
 
 class Baseline:
@@ -166,6 +163,7 @@ class Baseline:
             where = ".".join(str(part) for part in error["loc"])
             raise BaselineError(f"{self.path}: {where}: {error['msg']} (a baseline written by "
                                 "another tool or edited by hand? save a new one)") from None
+        self.machine_info = parsed.machine_info
         self.entries: dict[tuple[str, str], BaselineEntry] = {}
         for bench in parsed.benchmarks:
             data = bench.extra_info.netsim_ddp
@@ -178,6 +176,12 @@ class Baseline:
                  "compute_s": data.compute_s}
                 | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
                 data.wire_bytes_per_iteration)
+
+    def machine_warning(self, current: MachineInfo | None = None) -> str | None:
+        """A warning line naming the fields of `machine_info` (default: this host's) that
+        differ from the host the baseline was measured on; None when they match."""
+        return machine_warning(self.machine_info, current or MachineInfo.of_this_host(),
+                               f"baseline {self.path}")
 
     def scenarios(self) -> set[str]:
         return {scenario for scenario, _ in self.entries}
@@ -221,8 +225,6 @@ def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float]
 
 
 def _baseline_value(tolerance: Tolerance, entry: BaselineEntry) -> float:
-    from .metrics import statistic
-
     if tolerance.metric.stat is None:
         return entry.wire_bytes_per_iteration
     samples = _baseline_samples(tolerance, entry)

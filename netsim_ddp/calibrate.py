@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .ncclparse import NcclParseError, NcclTestRun, parse_file
+from .ncclparse import NcclParseError, NcclTestRun, parse_file, parse_text
 
 MIB = 2**20
 ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are reported too
@@ -233,8 +233,6 @@ def load(paths: Sequence[str | Path], collective: str | None = None) -> list[Cal
 
 
 def _named(path: str | Path, collective: str) -> list[NcclTestRun]:
-    from .ncclparse import parse_text
-
     text = Path(path).read_text(errors="replace")
     return parse_text(f"# Collective test starting: {collective}_perf\n" + text, str(path))
 

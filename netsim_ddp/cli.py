@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -86,18 +87,32 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
         err.print(f"wrote {target}")
 
 
-def _gate_options(command):
-    """The baseline gate's options, as `run` and `host` take them (node 0 gates for `host`)."""
-    for option in reversed((
-        click.option("--baseline", metavar="PATH", help="Gate the results against a baseline."),
-        click.option("--save-baseline", metavar="PATH", help="Save the results as a baseline."),
-        click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
-                     help="Allowed regression against the baseline, e.g. median:10% "
-                          "(repeatable)."),
-        click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
-                     help="Significance level of verdicts and regressions."))):
-        command = option(command)
-    return command
+def _session_options(*names: str):
+    """The session options (session.SESSION_OPTIONS, which pytest takes too) named, as click
+    options of a command."""
+    from .options import SESSION_OPTIONS
+
+    def decorate(command):
+        for name in reversed(names):
+            option = SESSION_OPTIONS[name]
+            kind = option.kind
+            extra: dict[str, Any] = (
+                {"is_flag": True} if kind == "flag" else
+                {"multiple": True} if kind == "list" else
+                {"type": click.IntRange(min=1)} if kind == "count" else
+                {"type": click.Path(file_okay=False)} if kind == "folder" else
+                {"type": FiniteFloat(), "default": option.default, "show_default": True}
+                if kind == "fraction" else {})
+            if option.metavar:
+                extra["metavar"] = option.metavar
+            command = click.option(f"--{option.name}", option.dest, help=option.help,
+                                   **extra)(command)
+        return command
+
+    return decorate
+
+
+_gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -297,16 +312,13 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 
 @main.command()
 @click.argument("files", nargs=-1, required=True)
-@click.option("--json", "json_out", metavar="OUT", help="Write the results as JSON ('-': stdout).")
-@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep rank logs, results and traces here (default: a temporary directory).")
+@_session_options("json", "iterations", "out")
 @click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
-@click.option("--allow-untrusted", is_flag=True,
-              help="Run scenarios whose links this host cannot drive (results marked untrusted).")
+@_session_options("allow-untrusted")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @_gate_options
+@_session_options("history")
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
               help="nccl-tests output of the target cluster (all_reduce_perf on 2+ servers; "
                    "repeat for a one-server run: NVLink): sweeps project from it (overrides "
@@ -314,7 +326,7 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
 def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         out_dir: str | None, profile: bool, allow_untrusted: bool, timeout_s: float | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
-        alpha: float, calibration: tuple[str, ...]) -> None:
+        alpha: float, history_dir: str | None, calibration: tuple[str, ...]) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
     from .fabric import PrivilegeError, ensure_network_privilege
     from .session import NetsimSession, SessionOptionError
@@ -335,9 +347,12 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
             save_baseline=Path(save_baseline) if save_baseline else None,
             iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
-            allow_untrusted=allow_untrusted, timeout_s=timeout_s)
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+            history_dir=Path(history_dir) if history_dir else None)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     _warn_about_stale_runs()
     try:
         ensure_network_privilege()
@@ -351,9 +366,9 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
                       soft_wrap=True)
         if json_out not in (None, "-"):  # a later scenario that kills the command loses nothing
-            _write_json(json_out, session.document(), quiet=True)
+            _write_json(json_out, session.document().dump(), quiet=True)
     session.finish()
-    _write_json(json_out, session.document())
+    _write_json(json_out, session.document().dump())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
 
@@ -410,18 +425,13 @@ def _print_report(human: Console, report) -> None:
 @click.option("--master-port", type=click.IntRange(1, 65535), required=True,
               help="Node 0's port for the job's c10d store (and torchrun's rendezvous).")
 @click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
-@click.option("--json", "json_out", metavar="OUT",
-              help="Node 0: write the results as JSON ('-': stdout).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep rank logs and results here (default: a temporary directory).")
-@click.option("--iterations", type=click.IntRange(min=1), help="Override measured iterations.")
+@_session_options("json", "out", "iterations")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
               default=300.0, show_default=True, help="Seconds to wait for every host to arrive.")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
-@click.option("--allow-untrusted", is_flag=True,
-              help="Run even if the hosts cannot drive the links (results marked untrusted).")
+@_session_options("allow-untrusted")
 @_gate_options
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
@@ -446,6 +456,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
             save_baseline=Path(save_baseline) if save_baseline else None)
     except SessionOptionError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     options = HostOptions(
         scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
         master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
@@ -476,7 +488,7 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         _print_report(human, outcome)
     session.reports.append(outcome)
     session.finish()
-    _write_json(json_out, session.document())
+    _write_json(json_out, session.document().dump())
     sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
 
 
@@ -487,19 +499,123 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
               help="nccl-tests output of the target cluster (repeat for a one-server run): "
                    "project each sweep again from it.")
-def report_command(results: str, out_dir: str, calibration: tuple[str, ...]) -> None:
+@click.option("--history", "history_paths", multiple=True, type=click.Path(exists=True),
+              metavar="PATH", help="Earlier results files (or folders of them): add each "
+                                   "metric's history, its change points and verdict "
+                                   "(repeatable; RESULTS is the newest run).")
+def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
+                   history_paths: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from .calibrate import CalibrationError
+    from .document import DocumentError
+    from .history import HistoryError, judge_history, load_runs, runs_in
     from .ncclparse import NcclParseError
-    from .plots import ResultsError, report
+    from .plots import report
 
+    judged = None
+    if history_paths:
+        paths = [path for given in history_paths
+                 for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
+        paths = [path for path in paths if path.resolve() != Path(results).resolve()]
+        try:
+            runs, notes = load_runs([*paths, results])
+        except HistoryError as exc:
+            _fail(f"--history: {exc}", EXIT_BAD_INPUT)
+        judged = judge_history(runs)
+        judged.notes[:0] = notes
     try:
-        path = report(results, out_dir, calibration=list(calibration) or None)
+        path = report(results, out_dir, calibration=list(calibration) or None, history=judged)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
-    except ResultsError as exc:
+    except DocumentError as exc:
         _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
+
+
+@main.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--metric", "metrics", multiple=True, metavar="METRIC",
+              help="A metric to follow, e.g. comm_s.p95 (repeatable; default: iteration and "
+                   "comm medians, scaling efficiency, wire bytes).")
+@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
+              help="How much worse than the best earlier level the newest run may be, e.g. "
+                   "median:5% (repeatable; default 5% for each metric).")
+@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
+              help="Significance level of change points and regressions.")
+@click.option("--as-given", is_flag=True,
+              help="Judge the runs in the order given, not by their recorded times.")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the verdicts and change points as JSON ('-': stdout).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a plot per series and metric, and history.md/.html, here.")
+def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tuple[str, ...],
+            alpha: float, as_given: bool, json_out: str | None, out_dir: str | None) -> None:
+    """Change points in the history of earlier runs (`run --json` files, or folders of
+    them), and a verdict on the newest run; exit 1 if it regressed."""
+    from .ci import append_step_summary, change_text, history_summary
+    from .history import HistoryError, judge_history, load_runs, parse_metrics, runs_in
+
+    if not 0 < alpha < 1:
+        _fail(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
+    paths = [path for given in results
+             for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
+    try:
+        chosen, fractions = parse_metrics(metrics, tolerances)
+        runs, notes = load_runs(paths, by_time=not as_given)
+    except HistoryError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    report = judge_history(runs, chosen, fractions, alpha)
+    report.notes[:0] = notes
+    human = _human(json_out)
+    human.print(f"{len(runs)} runs: " + ", ".join(f"{run.number} {run.source}"
+                                                  for run in runs), soft_wrap=True)
+    for note in report.notes:
+        human.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    for item in sorted(report.metrics, key=lambda h: (h.key.label, str(h.metric))):
+        for point in item.segmentation.change_points:
+            human.print(f"  change {escape(change_text(item, point))}", soft_wrap=True)
+        verdict = item.verdict
+        if verdict is None:
+            human.print(f"  - {item.key.label} {item.metric}: {len(item.values)} run(s), "
+                        "nothing to compare yet")
+        elif not item.gating:
+            human.print(f"  - {escape(verdict.detail)} (an older series: not gated)",
+                        soft_wrap=True)
+        else:
+            mark = "[green]ok[/]" if verdict.passed else "[red]FAILED[/]"
+            human.print(f"  {mark} {escape(verdict.detail)}", soft_wrap=True)
+    if out_dir is not None:
+        from .plots import history_report
+
+        path = history_report(report, out_dir)
+        err.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
+    append_step_summary(history_summary(report))
+    _write_json(json_out, report.as_dict())
+    sys.exit(EXIT_OK if report.passed else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "kind", default="github-action-benchmark", show_default=True,
+              type=click.Choice(["github-action-benchmark", "github-action-benchmark-bigger",
+                                 "bencher"]),
+              help="github-action-benchmark's customSmallerIsBetter (times, bytes) or "
+                   "customBiggerIsBetter (-bigger: scaling efficiency), or Bencher Metric "
+                   "Format.")
+@click.option("--out", "out_file", default="-", show_default=True, metavar="FILE",
+              help="Where to write it ('-': stdout).")
+def export(results: str, kind: str, out_file: str) -> None:
+    """The results of `run --json` in a benchmark-tracking service's format."""
+    from .ci import bencher_metrics, github_benchmark
+    from .document import DocumentError, load_document
+
+    try:
+        document = load_document(results)
+    except DocumentError as exc:
+        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+    data = (bencher_metrics(document) if kind == "bencher"
+            else github_benchmark(document, bigger_is_better=kind.endswith("-bigger")))
+    _write_json(out_file, data)  # type: ignore[arg-type]
 
 
 @main.command()
@@ -552,9 +668,9 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 def clean(dry_run: bool) -> None:
     """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
     killed `host` agents; live runs and agents are spared."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    report = sweep_stale(dry_run=dry_run)
+    report = clean_stale_runs(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
         out.print(f"{verb} namespace {name}")
@@ -593,9 +709,9 @@ def _clean_nics(dry_run: bool) -> int:
 
 def _warn_about_stale_runs() -> None:
     """Namespaces or processes of killed runs load the host and blur this run's numbers."""
-    from .fabric.sweep import sweep_stale
+    from .fabric.stale import clean_stale_runs
 
-    stale = sweep_stale(dry_run=True)  # only looks
+    stale = clean_stale_runs(dry_run=True)  # only looks
     if stale.harmful:
         err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
                   "and distort the results: `netsim-ddp clean` removes them (live runs are "

@@ -59,6 +59,7 @@ from .calibrate import (
     load,
 )
 from .costmodel import CALIBRATED_LABEL, CostModel, Projection
+from .document import ProjectionRecord
 
 
 @dataclass(frozen=True)
@@ -345,14 +346,16 @@ def calibrated_projection(cluster: Cluster | Calibration, model: CostModel, *,
                       notes=cluster.describe())
 
 
-def reproject(projection: Mapping[str, Any], cluster: Cluster | Calibration) -> dict[str, object]:
-    """A projection from a results JSON (Projection.as_dict()), projected again on `cluster`:
-    the same modes, compute, bytes, buckets, overlap and GPU counts."""
-    gpus = sorted({int(row["gpus"]) for row in projection["rows"]})
+def reproject(projection: ProjectionRecord, cluster: Cluster | Calibration) -> ProjectionRecord:
+    """A projection from a results document, projected again on `cluster`: the same modes,
+    compute, bytes, buckets, overlap and GPU counts."""
+    gpus = sorted({row.gpus for row in projection.rows})
+    model = projection.model
     return calibrated_projection(
-        cluster, CostModel(**projection["model"]), compute_s=projection["compute_s"],
-        bytes_per_rank=projection["bytes_per_rank"], buckets=projection["buckets"],
-        gpus=gpus).as_dict()
+        cluster, CostModel(alpha_s=model.alpha_s, bandwidth_efficiency=model.bandwidth_efficiency,
+                           overlap=model.overlap),
+        compute_s=projection.compute_s, bytes_per_rank=projection.bytes_per_rank,
+        buckets=projection.buckets, gpus=gpus).to_record()
 
 
 __all__ = ["TYPICAL_NVLINK", "AllReduceTime", "Cluster", "NvlinkLevel", "allreduce_time",

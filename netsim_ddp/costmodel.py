@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from .document import FitRecord, HoldoutRecord, ProjectionRecord
 from .metrics import median_interval, ring_factor
 
 MIN_EFFICIENCY = 1e-3  # bounds of the fit; eff above 1 would beat the wire
@@ -133,8 +134,8 @@ class FitResult:
     def identifiable(self) -> bool:
         return len(self.points) >= 3 and self.condition < 1e3
 
-    def as_dict(self) -> dict[str, object]:
-        return {
+    def to_record(self) -> FitRecord:
+        return FitRecord.model_validate({
             "model": self.model.as_dict(),
             "method": self.method,
             "fitted_points": [_point_dict(p) for p in self.points],
@@ -142,7 +143,7 @@ class FitResult:
             "rms_relative_error": self.rms_relative_error,
             "condition": self.condition,
             "identifiable": self.identifiable,
-        }
+        }, strict=False)
 
 
 class FitError(ValueError):
@@ -259,9 +260,9 @@ class HoldoutResult:
                 worst[point.mode] = error
         return worst
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "fit": self.fit.as_dict(),
+    def to_record(self) -> HoldoutRecord:
+        return HoldoutRecord.model_validate({
+            "fit": self.fit.to_record(),
             "held_out": [{**_point_dict(p), "predicted_s": pred, "error": err,
                           "measured_interval_s": list(interval), "missed": missed,
                           "predicted_efficiency": p.compute_s / pred,
@@ -275,7 +276,7 @@ class HoldoutResult:
             "within_target": self.within_target,
             "met": self.met,
             "verdict": self.verdict,
-        }
+        }, strict=False)
 
 
 def holdout(train: Sequence[StepPoint], held_out: Sequence[StepPoint],
@@ -322,13 +323,14 @@ class Projection:
                 return float(row["efficiency"])
         raise KeyError((mode, gpus, link_bps))
 
-    def as_dict(self) -> dict[str, object]:
-        return {"label": self.label, "model": self.model.as_dict(),
-                "assumptions": self.assumptions(), "alpha_source": self.alpha_source,
-                "compute_s": self.compute_s,
-                "bytes_per_rank": self.bytes_per_rank, "buckets": self.buckets,
-                "calibration": self.calibration, "typical_alpha_s": self.typical_alpha_s,
-                "notes": self.notes, "rows": self.rows}
+    def to_record(self) -> ProjectionRecord:
+        return ProjectionRecord.model_validate(
+            {"label": self.label, "model": self.model.as_dict(),
+             "assumptions": self.assumptions(), "alpha_source": self.alpha_source,
+             "compute_s": self.compute_s, "bytes_per_rank": self.bytes_per_rank,
+             "buckets": self.buckets, "calibration": self.calibration,
+             "typical_alpha_s": self.typical_alpha_s, "notes": self.notes, "rows": self.rows},
+            strict=False)
 
 
 def calibrated_assumptions(calibration: Mapping[str, object], overlap: float) -> list[str]:

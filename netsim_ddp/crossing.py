@@ -21,15 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .scenario import ETHERNET_HEADER
+from .units import header_factor
 
-TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + timestamps 12
 MIN_FRACTION = 0.9  # counted / expected below this: the traffic went another way
-
-
-def header_factor(mtu: int) -> float:
-    """Wire bytes per TCP payload byte in full-sized segments, as tc counts them."""
-    return (mtu + ETHERNET_HEADER) / (mtu - TCP_IP_HEADERS)
 
 
 @dataclass(frozen=True)

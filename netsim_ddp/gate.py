@@ -13,20 +13,18 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .document import CheckRecord, ModeRecord
 from .metrics import SPREAD_STATISTICS, STATISTICS, deviations, shift_test, statistic
-
-if TYPE_CHECKING:
-    from .runner import ModeReport
+from .mode_report import ModeReport
+from .workload.modes import REFERENCE_MODE, compresses
 
 SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency", "collective_s")
 SCALARS = ("wire_bytes_per_iteration",)
 HIGHER_IS_BETTER = ("scaling_efficiency",)
 DEFAULT_ALPHA = 0.05
-COMPRESSING_MODES = ("amp-fp16", "amp-bf16")
 
 
 @dataclass(frozen=True)
@@ -52,6 +50,12 @@ class Metric:
                          f"{', '.join(SERIES)} and STATISTIC one of {', '.join(STATISTICS)}, "
                          f"or one of {', '.join(SCALARS)}")
 
+    @classmethod
+    def parse_option(cls, text: str) -> Metric:
+        """As given on a command line: also a statistic alone, `median`, for the iteration
+        time's."""
+        return cls.parse(f"iteration_s.{text}" if text in STATISTICS else text)
+
     def __str__(self) -> str:
         return self.series if self.stat is None else f"{self.series}.{self.stat}"
 
@@ -59,19 +63,21 @@ class Metric:
     def is_spread(self) -> bool:
         return self.stat in SPREAD_STATISTICS
 
-    def samples(self, mode: ModeReport) -> list[float] | None:
-        r = mode.result
+    def samples(self, mode: ModeReport | ModeRecord) -> list[float] | None:
+        """The per-iteration samples behind the metric, of a run's mode or of its record in
+        a results document; None for scalars."""
+        r = mode if isinstance(mode, ModeRecord) else mode.result
         if self.series == "collective_s":
             if r.collective_s is None:
-                raise ValueError(f"mode {r.mode}: its result has no collective timing "
-                                 "(collective_s); rerun it with this netsim-ddp")
+                raise ValueError("a mode's result has no collective timing (collective_s); "
+                                 "rerun it with this netsim-ddp")
             return r.collective_s
         return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
                 "scaling_efficiency": [c / i for c, i in
                                        zip(r.compute_s, r.iteration_s, strict=True)]
                 }.get(self.series)
 
-    def value(self, mode: ModeReport) -> float:
+    def value(self, mode: ModeReport | ModeRecord) -> float:
         if self.stat is None:
             return float(getattr(mode, self.series))
         samples = self.samples(mode)
@@ -93,9 +99,9 @@ class Verdict:
     detail: str
     p_value: float | None = None
 
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail,
-                "p_value": self.p_value}
+    def to_record(self) -> CheckRecord:
+        return CheckRecord(name=self.name, passed=self.passed, detail=self.detail,
+                           p_value=self.p_value)
 
 
 class Expectation(BaseModel):
@@ -147,17 +153,17 @@ class Expectation(BaseModel):
 
 
 def default_expectations(modes: Sequence[str]) -> list[Expectation]:
-    """The mission's claim, where a run has fp32 and a compressing mode: mixed precision with
-    compression cuts the comm time, significantly.
+    """The mission's claim, where a run has fp32 and a compressing mode (one whose wire dtype
+    is smaller, workload.modes.compresses): mixed precision with compression cuts the median
+    comm time, significantly.
 
-    Its spread is not claimed by default: measured here, the exposed comm time's standard
-    deviation is dominated by the CPU's noise in the compute-only steps (bf16 autocast computes
-    slower and noisier on a CPU), and amp-fp16's came out 0.9-1.3 x fp32's, with and without
-    background traffic. Scenarios can still claim it (metric = "comm_s.std")."""
-    if "fp32" not in modes:
+    Its spread is not claimed by default: on a CPU host the exposed comm time's spread follows
+    the CPU's noise in the compute-only steps more than the network (README, "What the numbers
+    mean"), so the claim would judge the host. Scenarios can still claim it (comm_s.std)."""
+    if REFERENCE_MODE not in modes:
         return []
-    return [Expectation(metric="comm_s.median", mode=mode, vs="fp32", max_ratio=1.0)
-            for mode in modes if mode in COMPRESSING_MODES]
+    return [Expectation(metric="comm_s.median", mode=mode, vs=REFERENCE_MODE, max_ratio=1.0)
+            for mode in modes if compresses(mode)]
 
 
 def evaluate(expectation: Expectation, modes: dict[str, ModeReport]) -> Verdict:
@@ -245,19 +251,18 @@ class Tolerance:
         if not match:
             raise ValueError(f"cannot read tolerance {text!r}; write METRIC:PERCENT, e.g. "
                              "'median:10%' or 'comm_s.p95:15%'")
-        name = match["metric"]
-        if name in STATISTICS:  # a statistic alone: of the iteration time
-            name = f"iteration_s.{name}"
-        return cls(Metric.parse(name), float(match["pct"]) / 100)
+        return cls(Metric.parse_option(match["metric"]), float(match["pct"]) / 100)
 
     def __str__(self) -> str:
         return f"{self.metric}:{self.fraction:.0%}"
 
 
-def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: ModeReport,
-                       baseline_value: float, baseline_samples: list[float] | None,
-                       alpha: float = DEFAULT_ALPHA) -> Verdict:
-    """Flag a regression only when over the tolerance AND significant."""
+def regression_verdict(scenario: str, mode: str, tolerance: Tolerance,
+                       current: ModeReport | ModeRecord, baseline_value: float,
+                       baseline_samples: list[float] | None, alpha: float = DEFAULT_ALPHA,
+                       check: str = "baseline", reference: str = "baseline") -> Verdict:
+    """Flag a regression only when over the tolerance AND significant. `check` names the
+    verdict (check:mode:metric), `reference` what the baseline value is, in its detail."""
     metric = tolerance.metric
     worse_when_lower = metric.series in HIGHER_IS_BETTER
     value = metric.value(current)
@@ -268,7 +273,7 @@ def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: 
         threshold = baseline_value * (1 + tolerance.fraction)
         over = value > threshold
     change = (value / baseline_value - 1) if baseline_value else float("inf")
-    detail = (f"{scenario}[{mode}] {metric}: baseline {metric.format(baseline_value)}, current "
+    detail = (f"{scenario}[{mode}] {metric}: {reference} {metric.format(baseline_value)}, current "
               f"{metric.format(value)} ({change:+.1%}), threshold {metric.format(threshold)} "
               f"({'-' if worse_when_lower else '+'}{tolerance.fraction:.0%})")
     samples = metric.samples(current)
@@ -284,5 +289,5 @@ def regression_verdict(scenario: str, mode: str, tolerance: Tolerance, current: 
         regressed = over
     if over and not regressed:
         detail += ": over the tolerance but not significant"
-    return Verdict(f"baseline:{mode}:{metric}", not regressed,
+    return Verdict(f"{check}:{mode}:{metric}", not regressed,
                    ("REGRESSION " if regressed else "") + detail, p)

@@ -56,10 +56,13 @@ from .fabric.background import (
 )
 from .fabric.capabilities import probe_capabilities
 from .fabric.core import signals_raise
-from .fabric.nic import JOB_ENV, NicRestoreError, ShapedNic
+from .fabric.netns import libc
+from .fabric.nic import JOB_ENV, NicRestoreError, ShapedNic, check_nic, inspect_nic
 from .fabric.own_link import NIC_ENV
 from .runner import ScenarioReport, finish_report, probe_and_train
 from .scenario import Scenario
+from .signals import SIGNAL_DIR_ENV
+from .units import format_rate
 from .workload import ModeResult, RankSpec, WorkloadError
 from .workload.launch import (
     RANK_MODULE,
@@ -69,7 +72,6 @@ from .workload.launch import (
     rank_errors,
     read_results,
 )
-from .workload.window import SIGNAL_DIR_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -315,8 +317,6 @@ class HostAgent:
     def run(self) -> ScenarioReport | str:
         """Node 0: the report. Other nodes: the job's status as node 0 published it."""
         validate(self.options)
-        from .fabric.nic import check_nic, inspect_nic
-
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
         self.address = info.addresses[0]
@@ -714,8 +714,6 @@ class _LocalNode:
 def _die_with_parent() -> None:
     """In the child: SIGTERM when the agent dies, however it dies (torchrun then stops its
     ranks)."""
-    from .fabric.netns import libc
-
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
@@ -728,8 +726,6 @@ def _reason(exc: BaseException) -> str:
 
 
 def _rate(bps: float | None) -> str:
-    from .units import format_rate
-
     return format_rate(bps) if bps else "unshaped"
 
 

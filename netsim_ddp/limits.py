@@ -16,8 +16,8 @@ from pathlib import Path
 from .scenario import Scenario, ScenarioError
 from .units import format_size
 
-# A process that imported torch and torch.distributed: 217 MiB resident measured here
-# (torch 2.13 CPU); torchrun's agent on each node imports it as well.
+# A process that imported torch and torch.distributed (the CPU wheel's resident size, with a
+# little headroom); torchrun's agent on each node imports it as well.
 PROCESS_BYTES = 224 * 2**20
 # Per parameter and rank: fp32 weights, gradients, SGD momentum and DDP's gradient buckets
 # (4 bytes each), plus autocast's 16-bit copies.

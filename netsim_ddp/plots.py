@@ -14,89 +14,84 @@ PNG via matplotlib's Agg backend (no display needed). Figures:
 from __future__ import annotations
 
 import html
-import json
 import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import TYPE_CHECKING, Any
 
 from .costmodel import PROJECTION_LABEL, CostModel, StepPoint
+from .document import (
+    CalibrationRecord,
+    CostModelRecord,
+    DocumentError,
+    HeldOutRecord,
+    ModeRecord,
+    ResultsDocument,
+    ScenarioRecord,
+    SweepRecord,
+    load_document,
+)
+from .figures import fit_title, mode_color, pyplot
+from .report import projection_cell, straggler_cell
+from .runner import slowest_link_goodput
+from .scenario import Scenario
+from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
 
-MODE_COLORS = {"fp32": "#1f77b4", "amp": "#ff7f0e", "amp-fp16": "#2ca02c", "amp-bf16": "#d62728"}
+if TYPE_CHECKING:
+    from .history import HistoryReport, MetricHistory
+
 RATE_STYLES = ["-", "--", ":", "-."]
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _color(mode: str, index: int) -> str:
-    return MODE_COLORS.get(mode, f"C{index + 4}")
-
-
-def _fit(title: str, width: int) -> str:
-    """Wrapped so the title fits over its axes (a long one ran past the figure's edge)."""
-    from .timeline import fit_title
-
-    return fit_title(title, width)
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
 
 
-def plot_jitter(entry: dict[str, Any], path: Path, title: str | None = None) -> Path:
+def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> Path:
     """Iteration and exposed comm time per mode: box plots with every sample drawn on top."""
-    plt = _pyplot()
-    modes = entry["modes"]
+    plt = pyplot()
+    modes = entry.modes
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=False)
     for ax, key, label in ((axes[0], "iteration_s", "iteration time (ms)"),
                            (axes[1], "comm_s", "exposed comm time (ms)")):
-        data = [[v * 1e3 for v in modes[m][key]] for m in modes]
+        data = [[v * 1e3 for v in getattr(modes[m], key)] for m in modes]
         ax.boxplot(data, showfliers=False)
         ax.set_xticks(range(1, len(modes) + 1), list(modes))
         for i, (mode, values) in enumerate(zip(modes, data, strict=True)):
             xs = [i + 1 + 0.12 * ((j % 5) - 2) / 2 for j in range(len(values))]
-            ax.scatter(xs, values, s=12, color=_color(mode, i), alpha=0.7, zorder=3)
+            ax.scatter(xs, values, s=12, color=mode_color(mode, i), alpha=0.7, zorder=3)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(_fit(title or f"{entry['name']}: per-iteration distributions (jitter)", 80))
+    fig.suptitle(fit_title(title or f"{entry.name}: per-iteration distributions (jitter)", 80))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def plot_wire_bytes(groups: list[tuple[str, dict[str, Any]]], path: Path,
+def plot_wire_bytes(groups: list[tuple[str, ScenarioRecord]], path: Path,
                     title: str = "wire bytes per iteration (all nodes, background excluded)"
                     ) -> Path:
     """Grouped bars: for each scenario or sweep point, the MB each mode put on the wire."""
-    plt = _pyplot()
+    plt = pyplot()
     modes: list[str] = []
     for _, entry in groups:
-        modes += [m for m in entry["modes"] if m not in modes]
+        modes += [m for m in entry.modes if m not in modes]
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) + 2), 3.6))
     width = 0.8 / max(1, len(modes))
     for i, mode in enumerate(modes):
         xs, ys = [], []
         for g, (_, entry) in enumerate(groups):
-            if mode in entry["modes"]:
+            if mode in entry.modes:
                 xs.append(g + (i - (len(modes) - 1) / 2) * width)
-                ys.append(entry["modes"][mode]["wire_bytes_per_iteration"] / 1e6)
-        bars = ax.bar(xs, ys, width, label=mode, color=_color(mode, i))
+                ys.append(entry.modes[mode].wire_bytes_per_iteration / 1e6)
+        bars = ax.bar(xs, ys, width, label=mode, color=mode_color(mode, i))
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("MB per iteration")
-    ax.set_title(_fit(title, 55), fontsize=10)
+    ax.set_title(fit_title(title, 55), fontsize=10)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -105,48 +100,46 @@ def plot_wire_bytes(groups: list[tuple[str, dict[str, Any]]], path: Path,
     return path
 
 
-def _sweep_mode_points(sweep: dict[str, Any]) -> dict[str, list[StepPoint]]:
+def _sweep_mode_points(sweep: SweepRecord) -> dict[str, list[StepPoint]]:
     """Per mode, the measured StepPoints of the sweep's usable points, by world size."""
     out: dict[str, list[StepPoint]] = {}
-    for point in sweep["points"]:
-        scenario = point["scenario"]
-        for mode, numbers in point["modes"].items():
-            link = _slowest_rate(scenario["scenario"])
+    for point in sweep.points:
+        for mode, numbers in point.modes.items():
             out.setdefault(mode, []).append(StepPoint(
-                mode, point["world_size"], link, numbers["hook_bytes_per_iteration"],
-                numbers["buckets"], numbers["compute_s"], numbers["step_s"], point["label"]))
+                mode, point.world_size, _slowest_rate(point.scenario),
+                numbers.hook_bytes_per_iteration, numbers.buckets, numbers.compute_s,
+                numbers.step_s, point.label))
     for points in out.values():
         points.sort(key=lambda p: p.world_size)
     return out
 
 
-def _slowest_rate(scenario: dict[str, Any]) -> float:
-    from .units import parse_rate
+def _slowest_rate(entry: ScenarioRecord) -> float:
+    """The slowest link's rate, as the sweep measured against it (runner's own rule)."""
+    if entry.scenario is None:
+        raise DocumentError(f"scenario {entry.name}: no scenario recorded to read its links from")
+    rate, _ = slowest_link_goodput(Scenario.from_dict(entry.scenario))
+    return rate
 
-    rates = [scenario["link"]["rate"]] + [o["rate"] for o in scenario["link"].get("override", [])
-                                          if o.get("rate") is not None]
-    return min(parse_rate(r) if isinstance(r, str) else float(r) for r in rates)
 
-
-def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
+def plot_scaling(sweep: SweepRecord, path: Path) -> Path:
     """Scaling efficiency and throughput vs world size: measured, and the fitted model."""
-    plt = _pyplot()
+    plt = pyplot()
     by_mode = _sweep_mode_points(sweep)
-    fit = sweep.get("fit")
-    holdout = sweep.get("holdout")
-    held_labels = {(p["label"], p["mode"]) for p in holdout["held_out"]} if holdout else set()
+    fit = sweep.fit
+    holdout = sweep.holdout
+    held_labels = {(p.label, p.mode) for p in holdout.held_out} if holdout else set()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, (mode, points) in enumerate(by_mode.items()):
-        color = _color(mode, i)
+        color = mode_color(mode, i)
         worlds = [p.world_size for p in points]
         ax.plot(worlds, [p.efficiency for p in points], "o-", color=color,
                 label=f"{mode} measured")
-        numbers = {p["world_size"]: p["modes"][mode] for p in sweep["points"]
-                   if mode in p["modes"]}
-        ax2.plot(sorted(numbers), [numbers[n]["throughput_samples_s"] for n in sorted(numbers)],
+        numbers = {p.world_size: p.modes[mode] for p in sweep.points if mode in p.modes}
+        ax2.plot(sorted(numbers), [numbers[n].throughput_samples_s for n in sorted(numbers)],
                  "o-", color=color, label=mode)
         if fit:
-            model = CostModel(**fit["model"])
+            model = _cost_model(fit.model)
             ref = points[-1]
             compute = statistics.median(p.compute_s for p in points)
             grid = list(range(1, max(worlds) + 1))
@@ -155,11 +148,11 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
             ax.plot(grid, predicted, "--", color=color, alpha=0.6,
                     label=f"{mode} model (all points)")
         if holdout:
-            for h in holdout["held_out"]:
-                if h["mode"] == mode:
-                    ax.scatter([h["world_size"]], [h["predicted_efficiency"]], marker="x", s=60,
+            for h in holdout.held_out:
+                if h.mode == mode:
+                    ax.scatter([h.world_size], [h.predicted_efficiency], marker="x", s=60,
                                color=color, zorder=4,
-                               label=f"{mode} held-out prediction ({h['error']:+.0%})")
+                               label=f"{mode} held-out prediction ({h.error:+.0%})")
         for p in points:
             if (p.label, mode) in held_labels:
                 ax.scatter([p.world_size], [p.efficiency], s=120,
@@ -175,47 +168,39 @@ def plot_scaling(sweep: dict[str, Any], path: Path) -> Path:
     ax2.set_title("measured throughput", fontsize=9)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7)
-    fig.suptitle(f"{sweep['name']}: scaling")
+    fig.suptitle(f"{sweep.name}: scaling")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": "", "hierarchical": "hier",
-                   "nvlink": "nvl"}
+def _cost_model(record: CostModelRecord) -> CostModel:
+    return CostModel(alpha_s=record.alpha_s, bandwidth_efficiency=record.bandwidth_efficiency,
+                     overlap=record.overlap)
 
 
-def projection_cell(row: dict[str, Any]) -> str:
-    """A projection cell: the efficiency; with a calibration, the algorithm; far past the
-    measured sizes, the efficiency with the fitted and with a typical NCCL per-hop latency."""
-    text = f"{row['efficiency']:.2f}"
-    if "efficiency_typical_alpha" in row:
-        text += f" / {row['efficiency_typical_alpha']:.2f}"
-    algorithm = ALGORITHM_SHORT.get(row.get("algorithm", ""), row.get("algorithm", ""))
-    return f"{text} {algorithm}" if algorithm else text
-
-
-def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
-    projection = sweep["projection"]
-    calibrated = bool(projection.get("calibration"))
-    rows = projection["rows"]
-    rates = sorted({row["link_bps"] for row in rows})
+def plot_projection(sweep: SweepRecord, path: Path) -> Path:
+    plt = pyplot()
+    projection = sweep.projection
+    assert projection is not None  # only sweeps with a projection are plotted
+    calibrated = projection.calibration is not None
+    rows = projection.rows
+    rates = sorted({row.link_bps for row in rows})
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for i, mode in enumerate(projection["compute_s"]):
+    for i, mode in enumerate(projection.compute_s):
         for j, rate in enumerate(rates):
-            mine = sorted((row for row in rows if row["mode"] == mode and row["link_bps"] == rate),
-                          key=lambda row: row["gpus"])
+            mine = sorted((row for row in rows if row.mode == mode and row.link_bps == rate),
+                          key=lambda row: row.gpus)
             where = "calibrated" if calibrated else f"{rate / 1e9:g} Gbit/s"
-            ax.plot([r["gpus"] for r in mine], [r["efficiency"] for r in mine],
-                    RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=_color(mode, i),
+            ax.plot([r.gpus for r in mine], [r.efficiency for r in mine],
+                    RATE_STYLES[j % len(RATE_STYLES)], marker="o", color=mode_color(mode, i),
                     label=f"{mode}, {where}")
-            typical = [r for r in mine if "efficiency_typical_alpha" in r]
+            typical = [r for r in mine if r.efficiency_typical_alpha is not None]
             if typical:
-                ax.plot([r["gpus"] for r in typical],
-                        [r["efficiency_typical_alpha"] for r in typical], "o",
-                        mfc="none", color=_color(mode, i),
+                ax.plot([r.gpus for r in typical],
+                        [r.efficiency_typical_alpha for r in typical], "o",
+                        mfc="none", color=mode_color(mode, i),
                         label=f"{mode}, {where}, typical NCCL alpha" if j == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GPUs (ring, tree or hierarchical, as NCCL would pick, from the calibration)"
@@ -225,7 +210,7 @@ def plot_projection(sweep: dict[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    ax.set_title(_fit("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
+    ax.set_title(fit_title("PROJECTION (all-reduce calibrated from nccl-tests, not measured here)"
                       if calibrated else "PROJECTION (cost model fitted here, not measured)",
                       55), color="#b00000", fontsize=10)
     fig.tight_layout()
@@ -289,113 +274,39 @@ class _Doc:
         return "\n".join(out) + "\n"
 
 
-def _mode_rows(entry: dict[str, Any]) -> list[list[str]]:
+def _mode_rows(entry: ScenarioRecord) -> list[list[str]]:
     rows = []
-    for mode, m in entry["modes"].items():
-        s = m["summary"]
-        rows.append([mode, f"{s['iteration_s']['median'] * 1e3:.1f}",
-                     f"{s['iteration_s']['p95'] * 1e3:.1f}", f"{s['comm_s']['median'] * 1e3:.1f}",
-                     f"{s['comm_s']['std'] * 1e3:.1f}", f"{s['compute_s']['median'] * 1e3:.1f}",
-                     f"{m['scaling_efficiency']:.2f}",
-                     f"{m['wire_bytes_per_iteration'] / 1e6:.1f}",
+    for mode, m in entry.modes.items():
+        s = m.summary
+        rows.append([mode, f"{s.iteration_s.median * 1e3:.1f}",
+                     f"{s.iteration_s.p95 * 1e3:.1f}", f"{s.comm_s.median * 1e3:.1f}",
+                     f"{s.comm_s.std * 1e3:.1f}", f"{s.compute_s.median * 1e3:.1f}",
+                     f"{m.scaling_efficiency:.2f}",
+                     f"{m.wire_bytes_per_iteration / 1e6:.1f}",
                      *_collective_cells(m)])
     return rows
 
 
-def _collective_cells(m: dict[str, Any]) -> list[str]:
-    from .report import straggler_cell
-
-    collective = m["summary"].get("collective_s")
+def _collective_cells(m: ModeRecord) -> list[str]:
+    collective = m.summary.collective_s
     if collective is None:
         return ["-", "-", "-"]
-    return [f"{collective['median'] * 1e3:.1f}", f"{collective['std'] * 1e3:.1f}",
-            straggler_cell(m.get("straggler_summary"))]
+    return [f"{collective.median * 1e3:.1f}", f"{collective.std * 1e3:.1f}",
+            straggler_cell(m.straggler_summary)]
 
 
 MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB",
                "collective ms", "coll sd", "straggler"]
 
 
-class ResultsError(ValueError):
-    """A results file the report cannot read: names the file, the field and what is wrong."""
-
-
-_Number = Annotated[float, Field(allow_inf_nan=False)]
-
-
-class _Loose(BaseModel):
-    """Only what the report reads is checked; the rest of the document passes untouched."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class _Summary(_Loose):
-    median: _Number
-    p95: _Number = 0.0
-    std: _Number = 0.0
-
-
-class _ModeEntry(_Loose):
-    # collective_s is absent from results written before it was measured.
-    summary: dict[Literal["iteration_s", "comm_s", "compute_s", "collective_s"], _Summary]
-    iteration_s: list[_Number]
-    comm_s: list[_Number]
-    scaling_efficiency: _Number
-    wire_bytes_per_iteration: _Number
-
-    @field_validator("summary")
-    @classmethod
-    def _every_series(cls, value: dict) -> dict:
-        missing = {"iteration_s", "comm_s", "compute_s"} - set(value)
-        if missing:
-            raise ValueError(f"no summary of {', '.join(sorted(missing))}")
-        return value
-
-
-class _ScenarioEntry(_Loose):
-    name: str
-    status: str
-    refused: str | None = None
-    error: str | None = None
-    modes: dict[str, _ModeEntry] = Field(default_factory=dict)
-
-
-class _SweepEntry(_Loose):
-    name: str
-    axes: dict[str, Any] | list[str]
-    points: list[dict[str, Any]]
-
-
-class _Results(_Loose):
-    scenarios: list[_ScenarioEntry] = Field(default_factory=list)
-    sweeps: list[_SweepEntry] = Field(default_factory=list)
-
-
-def load_results(path: str | Path) -> dict[str, Any]:
-    """A `netsim-ddp run --json` document, its structure checked; ResultsError if it is not
-    one."""
-    try:
-        document = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ResultsError(f"{path}: cannot read: {exc}") from None
-    except RecursionError:
-        raise ResultsError(f"{path}: cannot read: nested too deeply") from None
-    try:
-        _Results.model_validate(document)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in error["loc"]) or "(document)"
-        raise ResultsError(f"{path}: {where}: {error['msg']}") from None
-    return document
-
-
 def report(results_json_path: str | Path, out_dir: str | Path,
-           calibration: str | Path | Sequence[str | Path] | None = None) -> Path:
+           calibration: str | Path | Sequence[str | Path] | None = None,
+           history: HistoryReport | None = None) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
-    ResultsError if the file is not a results document. `calibration` (nccl-tests output, one
+    DocumentError if the file is not a results document. `calibration` (nccl-tests output, one
     file or several) projects each sweep again from it (cluster.reproject); it raises
     calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
-    document = load_results(results_json_path)
+    document = load_document(results_json_path)
     calibrated = None
     if calibration is not None:
         from .cluster import load_cluster
@@ -406,16 +317,17 @@ def report(results_json_path: str | Path, out_dir: str | Path,
         if calibrated is not None:
             from .cluster import reproject
 
-            for sweep in document.get("sweeps", []):
-                if sweep.get("projection"):
-                    sweep["projection"] = reproject(sweep["projection"], calibrated)
-        return _report(document, results_json_path, out_dir)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError,
-            ZeroDivisionError) as exc:  # a sweep's inner structure, checked as it is read
-        if isinstance(exc, ResultsError) or _is_calibration_error(exc):
+            for sweep in document.sweeps:
+                if sweep.projection is not None:
+                    sweep.projection = reproject(sweep.projection, calibrated)
+        return _report(document, results_json_path, out_dir, history)
+    except (KeyError, ValueError, ZeroDivisionError) as exc:
+        # Valid records that do not fit together: a hold-out naming a mode no point has, a
+        # projection without the GPU counts its rows promise.
+        if isinstance(exc, DocumentError) or _is_calibration_error(exc):
             raise
-        raise ResultsError(f"{results_json_path}: not the structure netsim-ddp writes: "
-                           f"{type(exc).__name__}: {exc}") from None
+        raise DocumentError(f"{results_json_path}: its records do not fit together: "
+                            f"{type(exc).__name__}: {exc}") from None
 
 
 def _is_calibration_error(exc: Exception) -> bool:
@@ -425,144 +337,219 @@ def _is_calibration_error(exc: Exception) -> bool:
     return isinstance(exc, (CalibrationError, NcclParseError))
 
 
-def _report(document: dict[str, Any], results_json_path: str | Path,
-            out_dir: str | Path) -> Path:
+def _report(document: ResultsDocument, results_json_path: str | Path,
+            out_dir: str | Path, history: HistoryReport | None = None) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = _Doc()
     doc.heading("netsim-ddp report", 1)
-    doc.para(f"From `{Path(results_json_path).name}` (netsim-ddp {document.get('netsim_ddp')}). "
+    doc.para(f"From `{Path(results_json_path).name}` (netsim-ddp {document.netsim_ddp}"
+             + (f", {document.created_at}" if document.created_at else "") + "). "
              "Medians over measured iterations; eff = compute-only / iteration time; wire MB "
              "per iteration, all nodes.")
-    scenarios = [s for s in document.get("scenarios", []) if s.get("modes")]
-    for entry in document.get("scenarios", []):
-        doc.heading(f"Scenario {entry['name']}: {entry['status']}")
-        if entry.get("refused") or entry.get("error"):
-            doc.para(entry.get("refused") or entry.get("error"))
+    scenarios = [s for s in document.scenarios if s.modes]
+    for entry in document.scenarios:
+        doc.heading(f"Scenario {entry.name}: {entry.status}")
+        if entry.refused or entry.error:
+            doc.para(entry.refused or entry.error or "")
             continue
-        if not entry.get("modes"):
+        if not entry.modes:
             continue
         doc.table(MODE_HEADER, _mode_rows(entry))
-        name = f"jitter-{_slug(entry['name'])}.png"
+        name = f"jitter-{_slug(entry.name)}.png"
         plot_jitter(entry, out / name)
-        doc.image(name, f"{entry['name']}: iteration and comm time distributions")
+        doc.image(name, f"{entry.name}: iteration and comm time distributions")
         _timeline_and_checks(doc, entry, out)
     if scenarios:
-        plot_wire_bytes([(s["name"], s) for s in scenarios], out / "wire-bytes.png")
+        plot_wire_bytes([(s.name, s) for s in scenarios], out / "wire-bytes.png")
         doc.heading("Wire bytes per mode")
         doc.image("wire-bytes.png", "wire bytes per iteration per mode")
-    for sweep in document.get("sweeps", []):
+    for sweep in document.sweeps:
         _sweep_section(doc, sweep, out)
+    if history is not None:
+        _history_section(doc, history, out)
     (out / "report.md").write_text(doc.markdown())
     (out / "report.html").write_text(doc.html("netsim-ddp report"))
     return out / "report.md"
 
 
-def _timeline_and_checks(doc: _Doc, entry: dict[str, Any], out: Path) -> None:
-    from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
-
+def _timeline_and_checks(doc: _Doc, entry: ScenarioRecord, out: Path) -> None:
     if has_timeline(entry):
-        name = f"timeline-{_slug(entry['name'])}.png"
+        name = f"timeline-{_slug(entry.name)}.png"
         plot_timeline(entry, out / name)
-        doc.image(name, f"{entry['name']}: per-iteration compute and collective time")
-    if entry.get("checks"):
-        doc.heading(f"Checks of {entry['name']} (failures first)", 3)
+        doc.image(name, f"{entry.name}: per-iteration compute and collective time")
+    if entry.checks:
+        doc.heading(f"Checks of {entry.name} (failures first)", 3)
         doc.table(CHECK_HEADER, check_rows(entry))
 
 
-def _sweep_section(doc: _Doc, sweep: dict[str, Any], out: Path) -> None:
-    slug = _slug(sweep["name"])
-    doc.heading(f"Sweep {sweep['name']} over {', '.join(sweep['axes'])}")
+def _sweep_section(doc: _Doc, sweep: SweepRecord, out: Path) -> None:
+    slug = _slug(sweep.name)
+    doc.heading(f"Sweep {sweep.name} over {', '.join(sweep.axes)}")
     rows = []
-    for point in sweep["points"]:
-        for mode, m in point["modes"].items():
-            rows.append([point["label"], mode, str(point["world_size"]),
-                         f"{m['step_s'] * 1e3:.1f}", f"{m['compute_s'] * 1e3:.1f}",
-                         f"{m['comm_s'] * 1e3:.1f}", f"{m['comm_sd_s'] * 1e3:.1f}",
-                         f"{m['scaling_efficiency']:.2f}", f"{m['throughput_samples_s']:.0f}",
-                         f"{m['wire_bytes_per_iteration'] / 1e6:.1f}"])
-        if not point["modes"]:
-            rows.append([point["label"], "-", str(point["world_size"]), point["status"]]
-                        + [""] * 6)
+    for point in sweep.points:
+        for mode, m in point.modes.items():
+            rows.append([point.label, mode, str(point.world_size),
+                         f"{m.step_s * 1e3:.1f}", f"{m.compute_s * 1e3:.1f}",
+                         f"{m.comm_s * 1e3:.1f}", f"{m.comm_sd_s * 1e3:.1f}",
+                         f"{m.scaling_efficiency:.2f}", f"{m.throughput_samples_s:.0f}",
+                         f"{m.wire_bytes_per_iteration / 1e6:.1f}"])
+        if not point.modes:
+            rows.append([point.label, "-", str(point.world_size), point.status] + [""] * 6)
     doc.table(["point", "mode", "ranks", "step ms", "compute ms", "comm ms", "comm sd", "eff",
                "samples/s", "wire MB"], rows)
-    if any(p["modes"] for p in sweep["points"]):
+    if any(p.modes for p in sweep.points):
         plot_scaling(sweep, out / f"scaling-{slug}.png")
         doc.image(f"scaling-{slug}.png", "scaling efficiency and throughput vs world size")
-        groups = [(p["label"], p["scenario"]) for p in sweep["points"] if p["modes"]]
+        groups = [(p.label, p.scenario) for p in sweep.points if p.modes]
         plot_wire_bytes(groups, out / f"wire-bytes-{slug}.png")
         doc.image(f"wire-bytes-{slug}.png", "wire bytes per mode at each sweep point")
-        for i, point in enumerate(sweep["points"]):
-            if point["modes"] and point["world_size"] > 1:
+        for i, point in enumerate(sweep.points):
+            if point.modes and point.world_size > 1:
                 name = f"jitter-{slug}-{i}.png"
-                plot_jitter(point["scenario"], out / name,
-                            f"{sweep['name']} at {point['label']}: jitter")
-                doc.image(name, f"jitter at {point['label']}")
-    holdout = sweep.get("holdout")
+                plot_jitter(point.scenario, out / name,
+                            f"{sweep.name} at {point.label}: jitter")
+                doc.image(name, f"jitter at {point.label}")
+    holdout = sweep.holdout
     if holdout:
-        m = holdout["fit"]["model"]
+        model = holdout.fit.model
         doc.heading("Cost model: held-out check", 3)
-        doc.para(f"Fitted on the smaller points only: alpha {m['alpha_s'] * 1e3:.2f} ms per "
-                 f"hop, all-reduce bandwidth {m['bandwidth_efficiency']:.0%} of the link, "
-                 f"overlap {m['overlap']:.2f} of compute. Max |error| on the held-out points "
-                 f"{holdout['max_abs_error']:.1%} (target {holdout['target']:.0%}: "
-                 f"{holdout.get('verdict') or ('ok' if holdout['within_target'] else 'MISSED')}).")
+        doc.para(f"Fitted on the smaller points only: alpha {model.alpha_s * 1e3:.2f} ms per "
+                 f"hop, all-reduce bandwidth {model.bandwidth_efficiency:.0%} of the link, "
+                 f"overlap {model.overlap:.2f} of compute. Max |error| on the held-out points "
+                 f"{holdout.max_abs_error:.1%} (target {holdout.target:.0%}: "
+                 f"{holdout.verdict or ('ok' if holdout.within_target else 'MISSED')}).")
         doc.table(["point", "mode", "measured step ms (95% interval)", "predicted ms", "error"],
-                  [[h["label"], h["mode"], _measured_with_interval(h),
-                    f"{h['predicted_s'] * 1e3:.1f}", f"{h['error']:+.1%}"]
-                   for h in holdout["held_out"]])
-    fit = sweep.get("fit")
+                  [[h.label, h.mode, _measured_with_interval(h),
+                    f"{h.predicted_s * 1e3:.1f}", f"{h.error:+.1%}"]
+                   for h in holdout.held_out])
+    fit = sweep.fit
     if fit:
-        m = fit["model"]
+        model = fit.model
         doc.para(f"Model on all points (used for the projection): alpha "
-                 f"{m['alpha_s'] * 1e3:.2f} ms, bandwidth {m['bandwidth_efficiency']:.0%} of the "
-                 f"link, overlap {m['overlap']:.2f}; rms relative error "
-                 f"{fit['rms_relative_error']:.1%}, condition {fit['condition']:.0f}"
-                 f"{'' if fit['identifiable'] else ' (parameters poorly separated)'}.")
-    projection = sweep.get("projection")
+                 f"{model.alpha_s * 1e3:.2f} ms, bandwidth {model.bandwidth_efficiency:.0%} of "
+                 f"the link, overlap {model.overlap:.2f}; rms relative error "
+                 f"{fit.rms_relative_error:.1%}, condition {fit.condition:.0f}"
+                 f"{'' if fit.identifiable else ' (parameters poorly separated)'}.")
+    projection = sweep.projection
     if projection:
         doc.heading("PROJECTION (not measured)", 3)
-        doc.para(projection.get("label", PROJECTION_LABEL) + ". Assumptions: "
-                 + "; ".join(projection["assumptions"]) + ".")
-        rates = sorted({row["link_bps"] for row in projection["rows"]})
-        gpus = sorted({row["gpus"] for row in projection["rows"]})
-        calibrated = projection.get("calibration")
+        doc.para((projection.label or PROJECTION_LABEL) + ". Assumptions: "
+                 + "; ".join(projection.assumptions) + ".")
+        rates = sorted({row.link_bps for row in projection.rows})
+        gpus = sorted({row.gpus for row in projection.rows})
+        calibrated = projection.calibration
         rows = []
-        for mode, compute in projection["compute_s"].items():
+        for mode, compute in projection.compute_s.items():
             for rate in rates:
-                cells = {row["gpus"]: row for row in projection["rows"]
-                         if row["mode"] == mode and row["link_bps"] == rate}
+                cells = {row.gpus: row for row in projection.rows
+                         if row.mode == mode and row.link_bps == rate}
                 rows.append([mode, f"{compute * 1e3:.1f}",
                              "calibrated" if calibrated else f"{rate / 1e9:g}"]
                             + [projection_cell(cells[n]) for n in gpus])
         doc.table(["mode", "compute ms", "Gbit/s"] + [f"{n} GPUs" for n in gpus], rows)
-        for note in projection.get("notes", []):
+        for note in projection.notes:
             doc.para(f"Note: {note}")
         if calibrated:
             _calibration_table(doc, calibrated)
-            for intra in calibrated.get("cluster", {}).get("intra_calibrations", []):
+            for intra in calibrated.cluster.intra_calibrations if calibrated.cluster else []:
                 _calibration_table(doc, intra)  # the NVLink level's one-server runs
         plot_projection(sweep, out / f"projection-{slug}.png")
         doc.image(f"projection-{slug}.png", "PROJECTION of scaling efficiency")
-    for note in sweep.get("notes", []):
+    for note in sweep.notes:
         doc.para(f"Note: {note}")
 
 
-def _calibration_table(doc: _Doc, calibration: dict[str, Any]) -> None:
-    doc.para(f"Calibration: {calibration['collective']} on {calibration['world_size']} GPUs "
-             f"({calibration['hosts']} hosts), {', '.join(calibration['sources'])}; "
-             f"{calibration['method']}. Per size, measured and modelled time, and the error of "
+def _calibration_table(doc: _Doc, calibration: CalibrationRecord) -> None:
+    doc.para(f"Calibration: {calibration.collective} on {calibration.world_size} GPUs "
+             f"({calibration.hosts} hosts), {', '.join(calibration.sources)}; "
+             f"{calibration.method}. Per size, measured and modelled time, and the error of "
              "the curve fitted without that size (held out).")
     doc.table(["size B", "measured us", "modelled us", "error", "held-out error"],
-              [[str(r["size"]), f"{r['measured_s'] * 1e6:.1f}", f"{r['modelled_s'] * 1e6:.1f}",
-                f"{r['error']:+.1%}",
-                "-" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}"]
-               for r in calibration["sizes"]])
+              [[str(r.size), f"{r.measured_s * 1e6:.1f}", f"{r.modelled_s * 1e6:.1f}",
+                f"{r.error:+.1%}",
+                "-" if r.held_out_error is None else f"{r.held_out_error:+.1%}"]
+               for r in calibration.sizes])
 
 
-def _measured_with_interval(held: dict[str, Any]) -> str:
-    text = f"{held['step_s'] * 1e3:.1f}"
-    if "measured_interval_s" in held:
-        low, high = held["measured_interval_s"]
+def _measured_with_interval(held: HeldOutRecord) -> str:
+    text = f"{held.step_s * 1e3:.1f}" if held.step_s is not None else "-"
+    if held.measured_interval_s:
+        low, high = held.measured_interval_s
         text += f" ({low * 1e3:.1f}-{high * 1e3:.1f})"
     return text
+
+
+# -- history -----------------------------------------------------------------------------------
+
+def plot_history(history: MetricHistory, path: Path) -> Path:
+    """A metric over the runs: each run's value, each segment's level, the change points
+    (dashed), the best earlier level the newest run was judged against, the newest run red
+    when it regressed."""
+    plt = pyplot()
+    unit, scale = (("ms", 1e3) if history.metric.series.endswith("_s") else
+                   ("MB", 1e-6) if history.metric.series == "wire_bytes_per_iteration" else
+                   ("", 1.0))
+    numbers = [run.number for run in history.runs]
+    values = [v * scale for v in history.values]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.plot(numbers, values, "o-", color="#1f77b4", lw=0.8, ms=4, label="per run")
+    segmentation = history.segmentation
+    for (start, stop), level in zip(segmentation.bounds, segmentation.levels, strict=True):
+        ax.hlines(level * scale, numbers[start] - 0.4, numbers[stop - 1] + 0.4, color="#555",
+                  lw=2, label="segment level" if start == 0 else None)
+    for point in segmentation.change_points:
+        x = (numbers[point.index - 1] + numbers[point.index]) / 2
+        ax.axvline(x, color="#d62728", ls="--", lw=1)
+        ax.annotate(f"{point.change:+.1%}\np={point.p_value:.3f}", (x, ax.get_ylim()[1]),
+                    fontsize=7, ha="left", va="top", color="#d62728")
+    if history.reference is not None:
+        start, stop = history.reference
+        best = history.values[start:stop]
+        ax.axhspan(min(best) * scale, max(best) * scale, color="#2ca02c", alpha=0.12,
+                   label="best earlier level")
+    if history.verdict is not None and not history.verdict.passed:
+        ax.plot(numbers[-1:], values[-1:], "o", color="#d62728", ms=9, label="regression")
+    ax.set_xlabel("run")
+    ax.set_ylabel(f"{history.metric}" + (f" ({unit})" if unit else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    title = f"{history.key.label} {history.metric}: {len(values)} runs, " \
+            f"{len(segmentation.change_points)} change point(s)"
+    ax.set_title(fit_title(title, 90), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _history_section(doc: _Doc, report: HistoryReport, out: Path) -> None:
+    from .ci import change_text
+
+    doc.heading(f"History of {len(report.runs)} runs")
+    for note in report.notes:
+        doc.para(note)
+    for history in sorted(report.metrics, key=lambda h: (h.passed, h.key.label)):
+        verdict = history.verdict
+        doc.heading(f"{history.key.label} {history.metric}", 3)
+        name = f"history-{_slug(history.key.label)}-{_slug(str(history.metric))}.png"
+        plot_history(history, out / name)
+        doc.image(name, f"{history.key.label} {history.metric} over the runs")
+        for point in history.segmentation.change_points:
+            doc.para("Change " + change_text(history, point))
+        if verdict is not None:
+            doc.para(("ok " if verdict.passed else "FAILED ") + f"{verdict.name}: "
+                     + verdict.detail + ("" if history.gating else " (an older series: "
+                                         "not gated)"))
+
+
+def history_report(report: HistoryReport, out_dir: str | Path) -> Path:
+    """`history --out`: the plots and a Markdown + HTML page of a history."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = _Doc()
+    doc.heading("netsim-ddp history", 1)
+    _history_section(doc, report, out)
+    (out / "history.md").write_text(doc.markdown())
+    (out / "history.html").write_text(doc.html("netsim-ddp history"))
+    return out / "history.md"

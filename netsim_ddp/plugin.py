@@ -4,6 +4,7 @@ an emulated network, baselines to gate releases on.
     pytest scenarios/                                  # each scenario file is a test
     pytest scenarios/ --netsim-save-baseline base.json
     pytest scenarios/ --netsim-baseline base.json --netsim-tolerance median:10%
+    pytest scenarios/ --netsim-history history/        # judged against every earlier run
 
 Hooks stay thin; the work lives in the library (runner, gate, baseline, report).
 """
@@ -31,24 +32,30 @@ _RUNS: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .options import SESSION_OPTIONS
+
     group = parser.getgroup("netsim-ddp", "emulated-network DDP scenarios")
-    group.addoption("--netsim-baseline", metavar="PATH",
-                    help="gate every scenario against this baseline file")
-    group.addoption("--netsim-save-baseline", metavar="PATH",
-                    help="save this run's samples as a baseline (pytest-benchmark format)")
-    group.addoption("--netsim-tolerance", action="append", metavar="METRIC:PCT", default=None,
-                    help="how much worse than the baseline is allowed, e.g. median:10%% or "
-                         "comm_s.p95:15%% (repeatable; default median:10%%)")
-    group.addoption("--netsim-alpha", type=float, default=0.05,
-                    help="significance level of verdicts and regressions (default 0.05)")
-    group.addoption("--netsim-json", metavar="PATH", help="write the run's results as JSON")
-    group.addoption("--netsim-iterations", type=int, metavar="N",
-                    help="override the measured iterations of every scenario")
-    group.addoption("--netsim-out", metavar="DIR", help="keep rank logs and results here")
-    group.addoption("--netsim-allow-untrusted", action="store_true",
-                    help="run scenarios this host cannot drive faithfully (else skipped)")
+    for option in SESSION_OPTIONS.values():
+        text = option.help.replace("%", "%%")  # argparse formats help with %
+        if option.default is not None and option.kind != "flag":
+            text += f" (default {option.default})"
+        extra: dict[str, Any] = (
+            {"action": "store_true"} if option.kind == "flag" else
+            {"action": "append", "default": None} if option.kind == "list" else
+            {"type": _positive_int} if option.kind == "count" else
+            {"type": float, "default": option.default} if option.kind == "fraction" else {})
+        if option.metavar:
+            extra["metavar"] = option.metavar
+        group.addoption(option.pytest_flag, dest=option.pytest_dest, help=text, **extra)
     parser.addini("netsim_scenario_dirs", type="args", default=["scenarios"],
                   help="folders whose *.toml files are scenarios (default: scenarios)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{value} is not a positive count")
+    return value
 
 
 # Test tiers: a test that builds a network is `netns`; one that trains is `ddp` as well, so
@@ -79,12 +86,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = [f"netsim-ddp: {warning}" for warning in config.stash[_SESSION].warnings]
     if getattr(config.option, "numprocesses", None):
-        return (f"netsim-ddp: scenario runs carry xdist_group({XDIST_GROUP!r}); with --dist "
-                "loadgroup they run one at a time, since concurrent runs contend for this "
-                "host's CPU and would distort each other's timings (their names never collide)")
-    return None
+        lines.append(f"netsim-ddp: scenario runs carry xdist_group({XDIST_GROUP!r}); with "
+                     "--dist loadgroup they run one at a time, since concurrent runs contend "
+                     "for this host's CPU and would distort each other's timings (their names "
+                     "never collide)")
+    return lines
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

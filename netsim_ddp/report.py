@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from .plots import projection_cell
+from .document import ProjectionRecord, ProjectionRow, StragglerSummary
 from .runner import ScenarioReport
 from .units import format_rate
+from .workload.modes import REFERENCE_MODE
 
 
 def _ms(seconds: float) -> str:
@@ -37,7 +38,7 @@ def mode_table(report: ScenarioReport) -> Table:
                      "in flight; eff = compute / iteration; wire MB per iteration, all nodes, "
                      "background excluded; busbw / link rate; straggler: the node whose "
                      "backward finished last most often (iterations) and its median lead")
-    reference = report.modes.get("fp32")
+    reference = report.modes.get(REFERENCE_MODE)
     for name, mode in report.modes.items():
         ratio = (mode.wire_bytes_per_iteration / reference.wire_bytes_per_iteration
                  if reference else None)
@@ -54,14 +55,13 @@ def mode_table(report: ScenarioReport) -> Table:
     return table
 
 
-def straggler_cell(summary: dict[str, object] | None) -> str:
+def straggler_cell(summary: StragglerSummary | None) -> str:
     """e.g. 'n1 12/16 +8.0ms': n1 finished its backward last in 12 of 16 iterations, and the
     first rank waited a median 8 ms for the straggler of each iteration."""
     if not summary:
         return "-"
-    who = summary["node"] if summary["node"] is not None else f"rank {summary['rank']}"
-    wait = float(summary["median_wait_s"])  # type: ignore[arg-type]
-    return f"{who} {summary['iterations']}/{summary['of']} +{wait * 1e3:.1f}ms"
+    who = summary.node if summary.node is not None else f"rank {summary.rank}"
+    return f"{who} {summary.iterations}/{summary.of} +{summary.median_wait_s * 1e3:.1f}ms"
 
 
 def sweep_tables(sweep) -> list[object]:
@@ -74,7 +74,7 @@ def sweep_tables(sweep) -> list[object]:
                    "status"):
         points.add_column(column, justify="right", no_wrap=True)
     for point in sweep.points:
-        label = point.as_dict()["label"]
+        label = point.label
         for mode, numbers in point.mode_numbers().items():
             points.add_row(label, mode, _ms(numbers["step_s"]), _ms(numbers["compute_s"]),
                            _ms(numbers["comm_s"]), f"{numbers['scaling_efficiency']:.2f}",
@@ -91,35 +91,49 @@ def sweep_tables(sweep) -> list[object]:
         out.append(f"held-out prediction of the largest points: {errors} "
                    f"(target within {sweep.holdout.target:.0%}: {sweep.holdout.verdict})")
     if sweep.projection is not None:
-        out.append(projection_table(sweep.projection.as_dict()))
+        out.append(projection_table(sweep.projection.to_record()))
         out.extend(f"note: {note}" for note in sweep.projection.notes)
     out.extend(f"note: {note}" for note in sweep.notes)
     return out
 
 
-def projection_table(projection: dict) -> Table:
-    """Projection.as_dict() as a table: a row per mode and link rate (one per mode with a
+ALGORITHM_SHORT = {"as calibrated": "cal", "flat ring": "", "hierarchical": "hier",
+                   "nvlink": "nvl"}
+
+
+def projection_cell(row: ProjectionRow) -> str:
+    """A projection cell: the efficiency; with a calibration, the algorithm; far past the
+    measured sizes, the efficiency with the fitted and with a typical NCCL per-hop latency."""
+    text = f"{row.efficiency:.2f}"
+    if row.efficiency_typical_alpha is not None:
+        text += f" / {row.efficiency_typical_alpha:.2f}"
+    algorithm = ALGORITHM_SHORT.get(row.algorithm, row.algorithm)
+    return f"{text} {algorithm}" if algorithm else text
+
+
+def projection_table(projection: ProjectionRecord) -> Table:
+    """A projection as a table: a row per mode and link rate (one per mode with a
     calibration: its link is the calibrated cluster's), a column per GPU count."""
-    rows = projection["rows"]
-    table = Table(title=projection["label"], title_justify="left")
-    gpus = sorted({row["gpus"] for row in rows})
+    rows = projection.rows
+    table = Table(title=projection.label, title_justify="left")
+    gpus = sorted({row.gpus for row in rows})
     table.add_column("mode")
     table.add_column("link", justify="right")
     for count in gpus:
         table.add_column(f"{count} GPUs", justify="right")
-    cells = {(row["mode"], row["link_bps"], row["gpus"]): row for row in rows}
-    for mode in dict.fromkeys(row["mode"] for row in rows):
-        for link in sorted({row["link_bps"] for row in rows}):
-            shown = "calibrated" if projection.get("calibration") else format_rate(link)
+    cells = {(row.mode, row.link_bps, row.gpus): row for row in rows}
+    for mode in dict.fromkeys(row.mode for row in rows):
+        for link in sorted({row.link_bps for row in rows}):
+            shown = "calibrated" if projection.calibration else format_rate(link)
             table.add_row(mode, shown, *(projection_cell(cells[mode, link, count])
                                          for count in gpus))
-    if projection.get("calibration"):
+    if projection.calibration:
         table.caption = ("scaling efficiency and the all-reduce algorithm: cal = the "
                          "calibration's measured curve at its world size; ring/tree/hier "
                          "(NVLink reduce-scatter, ring over servers, NVLink all-gather) beyond "
                          "it; nvl = inside one server")
-    elif projection.get("typical_alpha_s"):
+    elif projection.typical_alpha_s:
         table.caption = (f"a / b: efficiency with the per-hop latency fitted here / with a "
-                         f"typical NCCL-over-Ethernet {projection['typical_alpha_s'] * 1e6:.0f} "
+                         f"typical NCCL-over-Ethernet {projection.typical_alpha_s * 1e6:.0f} "
                          "us (see the note)")
     return table

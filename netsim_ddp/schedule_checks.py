@@ -5,7 +5,6 @@ change let traffic through above the cap (it must not: changes are made in place
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING
 
 from .fabric.fidelity import expected_goodput
 from .fabric.plan import tbf_burst
@@ -22,10 +21,8 @@ from .fabric.schedule import (
 )
 from .gate import Verdict
 from .metrics import ring_allreduce_lower_bound
+from .mode_report import ModeReport
 from .scenario import Scenario
-
-if TYPE_CHECKING:
-    from .runner import ModeReport
 
 SLOWDOWN_TOLERANCE = 0.25  # measured / predicted collective time, per link state
 MIN_ITERATIONS = 3  # in a state, for its median to mean anything

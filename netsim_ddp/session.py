@@ -3,17 +3,24 @@ baseline to gate against, the reports gathered, and what is written at the end."
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .baseline import Baseline, BaselineError, save
+from .ci import STEP_SUMMARY, append_step_summary, history_summary, run_summary
+from .document import ResultsDocument
+from .document import save as save_document
+from .fabric import FabricError
 from .gate import Tolerance, Verdict
 from .hostload import STEAL_NOTICEABLE, max_steal
+from .limits import check_host
+from .options import DEFAULT_ALPHA, SESSION_OPTIONS
 from .runner import ScenarioReport, results_document, run_scenario
-from .scenario import Scenario
+from .scenario import Scenario, ScenarioError
+from .workload import WorkloadError
 
 DEFAULT_TOLERANCES = ("median:10%",)
 
@@ -25,7 +32,7 @@ class SessionOptionError(ValueError):
 @dataclass
 class NetsimSession:
     tolerances: list[Tolerance]
-    alpha: float = 0.05
+    alpha: float = DEFAULT_ALPHA
     baseline: Baseline | None = None
     save_baseline: Path | None = None
     json_path: Path | None = None
@@ -37,6 +44,11 @@ class NetsimSession:
     explicit_files: set[Path] = field(default_factory=set)
     reports: list[ScenarioReport] = field(default_factory=list)
     sweeps: list = field(default_factory=list)  # netsim_ddp.sweep.SweepReport
+    # Said before the runs and again in the summary: e.g. a baseline from another machine.
+    warnings: list[str] = field(default_factory=list)
+    # A folder of earlier runs' results: each run is added to it and judged against it.
+    history_dir: Path | None = None
+    history_tolerances: list[str] = field(default_factory=list)  # as given: METRIC:PCT
 
     @classmethod
     def create(cls, *, tolerances: list[str] | None = None, baseline: str | None = None,
@@ -46,21 +58,34 @@ class NetsimSession:
             loaded = Baseline(baseline) if baseline else None
         except (ValueError, BaselineError) as exc:
             raise SessionOptionError(str(exc)) from None
-        if not 0 < options.get("alpha", 0.05) < 1:
+        if not 0 < options.get("alpha", DEFAULT_ALPHA) < 1:
             raise SessionOptionError(f"alpha must be between 0 and 1, got {options['alpha']}")
-        return cls(tolerances=parsed, baseline=loaded, **options)
+        warning = loaded.machine_warning() if loaded else None
+        if options.get("history_dir") is not None:
+            from .history import HistoryError, parse_metrics
+
+            try:
+                parse_metrics([], tolerances or [])
+            except HistoryError as exc:
+                raise SessionOptionError(str(exc)) from None
+            options["history_tolerances"] = list(tolerances or [])
+        return cls(tolerances=parsed, baseline=loaded, warnings=[warning] if warning else [],
+                   **options)
 
     @classmethod
     def from_config(cls, config) -> NetsimSession:
         """From pytest's options."""
-        option = config.getoption
+        def option(name: str) -> Any:
+            return config.getoption(SESSION_OPTIONS[name].pytest_dest)
+
         root = Path(config.rootpath)
         path = lambda value: Path(value) if value else None  # noqa: E731
         return cls.create(
-            tolerances=option("netsim_tolerance"), baseline=option("netsim_baseline"),
-            alpha=option("netsim_alpha"), save_baseline=path(option("netsim_save_baseline")),
-            json_path=path(option("netsim_json")), iterations=option("netsim_iterations"),
-            out_dir=path(option("netsim_out")), allow_untrusted=option("netsim_allow_untrusted"),
+            tolerances=option("tolerance"), baseline=option("baseline"),
+            alpha=option("alpha"), save_baseline=path(option("save-baseline")),
+            json_path=path(option("json")), iterations=option("iterations"),
+            out_dir=path(option("out")), allow_untrusted=option("allow-untrusted"),
+            history_dir=path(option("history")),
             scenario_dirs=[(root / d).resolve() for d in config.getini("netsim_scenario_dirs")],
             explicit_files={Path(arg.split("::")[0]).resolve() for arg in config.args},
         )
@@ -96,8 +121,39 @@ class NetsimSession:
             scenario, **(self._options(scenario) | overrides)))
         if self.baseline is not None and report.modes:
             report.checks.extend(self.gate(report))
+        if self.history_dir is not None and report.modes:
+            report.checks.extend(self.judge_history(report))
         self.reports.append(report)
         return report
+
+    def judge_history(self, report: ScenarioReport) -> list[Verdict]:
+        """Add this run to the history folder, then judge it against the runs before it:
+        the verdicts of its scenario's current series (netsim_ddp.history)."""
+        assert self.history_dir is not None
+        from .history import HistoryError  # brings ruptures (seconds): only with a history
+
+        document = results_document([report])
+        stamp = (document.created_at or "").replace("-", "").replace(":", "").replace("+", "_")
+        save_document(document, self.history_dir / f"{stamp}-{report.scenario.name}"
+                                                    f"-{report.run_id or 'run'}.json")
+        try:
+            judged = self.history()
+        except HistoryError as exc:  # a clear failure, never a silent pass
+            return [Verdict("history", False, str(exc))]
+        return [history.verdict for history in judged.metrics
+                if history.key.scenario == report.scenario.name and history.gating
+                and history.verdict is not None]
+
+    def history(self):
+        """The history folder judged (netsim_ddp.history.HistoryReport)."""
+        from .history import judge_history, load_runs, parse_metrics, runs_in
+
+        assert self.history_dir is not None
+        metrics, tolerances = parse_metrics([], self.history_tolerances)
+        runs, notes = load_runs(runs_in(self.history_dir))
+        judged = judge_history(runs, metrics, tolerances, self.alpha)
+        judged.notes[:0] = notes
+        return judged
 
     def gate(self, report: ScenarioReport) -> list[Verdict]:
         assert self.baseline is not None
@@ -106,16 +162,29 @@ class NetsimSession:
         except BaselineError as exc:  # a clear failure, never a silent pass
             return [Verdict("baseline", False, str(exc))]
 
-    def document(self) -> dict[str, object]:
+    def document(self) -> ResultsDocument:
         return results_document(self.reports, self.sweeps)
 
     def finish(self) -> None:
         if self.json_path is not None:
-            self.json_path.parent.mkdir(parents=True, exist_ok=True)
-            self.json_path.write_text(json.dumps(self.document(), indent=2))
+            save_document(self.document(), self.json_path)
         measured = [report for report in self.reports if report.modes]
         if self.save_baseline is not None and measured:
             save(measured, self.save_baseline)
+        self._step_summary()
+
+    def _step_summary(self) -> None:
+        """On GitHub Actions, the results (and the history's verdicts) on the job's page."""
+        if not os.environ.get(STEP_SUMMARY) or not (self.reports or self.sweeps):
+            return
+        append_step_summary(run_summary(self.document()))
+        if self.history_dir is not None and any(report.modes for report in self.reports):
+            from .history import HistoryError
+
+            try:
+                append_step_summary(history_summary(self.history()))
+            except HistoryError as exc:
+                append_step_summary(f"## netsim-ddp history\n\n{exc}")
 
     # -- what people read ---------------------------------------------------------------------
 
@@ -123,6 +192,7 @@ class NetsimSession:
         if not self.reports and not self.sweeps:
             return []
         lines = ["", "netsim-ddp scenarios (medians; comm = exposed communication)"]
+        lines += [f"  {warning}" for warning in self.warnings]
         for report in self.reports:
             failed = sum(not check.passed for check in report.checks)
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
@@ -175,7 +245,7 @@ class NetsimSession:
         lines = [f"{sweep.scenario.name}: the sweep failed"]
         for point in sweep.points:
             if not point.report.passed:
-                lines.append(f"  point {point.as_dict()['label']}: "
+                lines.append(f"  point {point.label}: "
                              + NetsimSession.failure_text(point.report).replace("\n", "\n  "))
         if sweep.holdout is not None and not sweep.holdout.met:
             lines.append(f"  the cost model missed the held-out points by up to "
@@ -199,18 +269,12 @@ def _recorded(scenario: Scenario, run: Callable[[], ScenarioReport]) -> Scenario
     """The runner's report, or one that records why the run broke: a crashed rank, a host
     that lacks something, a netlink error, a dead delay line or helper, a scenario this host
     cannot hold. Anything but an interrupt: one broken scenario never loses the others."""
-    from .limits import check_host
-    from .scenario import ScenarioError
-
     try:
         check_host(scenario)
         return run()
     except ScenarioError as exc:
         return ScenarioReport(scenario, error=str(exc))
     except Exception as exc:
-        from .fabric import FabricError
-        from .workload import WorkloadError
-
         # The harness's own errors say what broke; anything else also says what it is.
         known = isinstance(exc, (FabricError, WorkloadError))
         return ScenarioReport(scenario, error=str(exc) if known else

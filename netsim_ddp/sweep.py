@@ -46,6 +46,7 @@ from .costmodel import (
     holdout,
     project,
 )
+from .document import SweepPointRecord, SweepRecord
 from .hostload import STEAL_NOTICEABLE, max_steal
 from .ncclparse import NcclParseError
 from .runner import ScenarioReport, run_scenario, slowest_link_goodput
@@ -106,11 +107,15 @@ class SweepPoint:
             }
         return numbers
 
-    def as_dict(self) -> dict[str, object]:
-        return {"values": self.values, "label": point_label(self.values),
-                "world_size": self.world_size, "seconds": self.seconds,
-                "status": self.report.status, "modes": self.mode_numbers(),
-                "scenario": self.report.as_dict()}
+    @property
+    def label(self) -> str:
+        return point_label(self.values)
+
+    def to_record(self) -> SweepPointRecord:
+        return SweepPointRecord.model_validate(
+            {"values": self.values, "label": self.label, "world_size": self.world_size,
+             "seconds": self.seconds, "status": self.report.status,
+             "modes": self.mode_numbers(), "scenario": self.report.to_record()}, strict=False)
 
 
 @dataclass
@@ -167,8 +172,8 @@ class SweepReport:
                 "since a neighbour shifts points measured minutes apart. Rerun on a quieter host")
         return reasons
 
-    def as_dict(self) -> dict[str, object]:
-        return {
+    def to_record(self) -> SweepRecord:
+        return SweepRecord.model_validate({
             "name": self.scenario.name,
             "file": str(self.scenario.path) if self.scenario.path else None,
             "passed": self.passed,
@@ -178,12 +183,12 @@ class SweepReport:
             "seconds": self.seconds,
             "axes": self.config.axes(),
             "config": self.config.model_dump(mode="json"),
-            "points": [point.as_dict() for point in self.points],
-            "fit": self.fit.as_dict() if self.fit else None,
-            "holdout": self.holdout.as_dict() if self.holdout else None,
-            "projection": self.projection.as_dict() if self.projection else None,
+            "points": [point.to_record() for point in self.points],
+            "fit": self.fit.to_record() if self.fit else None,
+            "holdout": self.holdout.to_record() if self.holdout else None,
+            "projection": self.projection.to_record() if self.projection else None,
             "notes": self.notes,
-        }
+        }, strict=False)
 
 
 def load_calibration(scenario: Scenario, config: SweepConfig,

@@ -8,28 +8,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
     field_serializer,
     field_validator,
 )
 
-from .units import parse_duration, parse_rate
-from .workload.config import Count
+from . import units
+from .units import Count, Duration
 
 AXES = ("nodes", "ranks_per_node", "rate", "params")
 
-# Written back to JSON with their units, as Scenario writes its own, so a dump loads again.
 # A swept rate is checked against tbf's ceiling when its point's scenario is validated; a
 # projected link is never built, so the ceiling does not apply to it.
-Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0),
-                 PlainSerializer(lambda v: f"{v!r}bit", return_type=str, when_used="json")]
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0),
-                     PlainSerializer(lambda v: f"{v!r}s", return_type=str, when_used="json")]
+Rate = Annotated[units.Rate, Field(gt=0)]
 ProjectedRate = Rate
-_Seconds = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -41,7 +34,7 @@ class ProjectionConfig(_Strict):
                             description="World sizes to project to (one GPU per link).")
     rates: list[ProjectedRate] = Field(default_factory=lambda: [10e9, 25e9, 100e9], min_length=1,
                               description="Link rates to project to, e.g. '10gbit'.")
-    compute: _Seconds | dict[str, _Seconds] | None = Field(
+    compute: Duration | dict[str, Duration] | None = Field(
         None, description="Per-GPU compute-only step time (one value, or one per mode); "
         "default: the compute-only time measured in the sweep.")
     params: Count | None = Field(

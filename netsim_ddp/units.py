@@ -11,6 +11,20 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, PlainSerializer, WithJsonSchema
+
+# What tc counts for a full-sized TCP segment besides its payload: the goodput a link allows,
+# the bytes the crossing check expects and the background flows' byte counts all use these.
+ETHERNET_HEADER = 14  # bytes tc counts on top of the IP packet
+TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + the timestamp option 12 (Linux turns it on)
+
+
+def header_factor(mtu: int) -> float:
+    """Wire bytes per TCP payload byte in full-sized segments, as tc counts them."""
+    return (mtu + ETHERNET_HEADER) / (mtu - TCP_IP_HEADERS)
+
 
 _NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
@@ -168,3 +182,25 @@ def format_size(size: float) -> str:
         if abs(size) >= scale:
             return f"{size / scale:.4g}{unit}"
     return f"{size:.0f}B"
+
+
+# -- the same units as typed fields of the configuration models -------------------------------
+
+def unit_annotations(parser: Any, forms: str, example: str, suffix: str) -> tuple[Any, ...]:
+    """A unit string parsed to a number, shown as a string in the schema and written back to
+    JSON with its unit, so a dumped scenario loads again."""
+    return (
+        BeforeValidator(parser),
+        PlainSerializer(lambda value: f"{value!r}{suffix}", return_type=str, when_used="json"),
+        WithJsonSchema({"type": ["string", "number"], "description": f"e.g. {forms}",
+                        "examples": [example]}),
+    )
+
+
+Rate = Annotated[float, *unit_annotations(parse_rate, RATE_FORMS, "1gbit", "bit")]
+Duration = Annotated[float, *unit_annotations(parse_duration, DURATION_FORMS, "100us", "s"),
+                     Field(ge=0)]
+Percent = Annotated[float, *unit_annotations(parse_percent, PERCENT_FORMS, "0.1%", "%"),
+                    Field(ge=0, le=100)]
+Count = Annotated[int, BeforeValidator(parse_count, json_schema_input_type=int | str)]
+Size = Annotated[int, BeforeValidator(parse_size, json_schema_input_type=int | str)]

@@ -20,7 +20,6 @@ import argparse
 import bisect
 import contextlib
 import json
-import os
 import random
 import shutil
 import signal
@@ -35,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..clock import job_clock
-from ..scenario import ETHERNET_HEADER, BackgroundFlow
+from ..scenario import BackgroundFlow
+from ..signals import new_window, window_ended
+from ..units import ETHERNET_HEADER, TCP_IP_HEADERS
 from .errors import FabricError
 
-# What tc counts for each segment besides its payload: Ethernet 14, IPv4 20, TCP 20 with the
-# timestamp option 12 (Linux turns it on by default).
-WIRE_HEADERS = ETHERNET_HEADER + 52
+WIRE_HEADERS = ETHERNET_HEADER + TCP_IP_HEADERS  # what tc counts per segment besides payload
 SAMPLE_EVERY_S = 0.02
 SIGNAL_POLL_S = 0.001
 _TCPI_SEGS_OUT = 136  # offsets in struct tcp_info (linux/tcp.h)
@@ -379,8 +378,8 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
             while True:
                 mode = _wait_for_window(signals, seen)
                 windows.append([mode, job_clock(), None])
-                end = signals / f"end-{mode}"
-                _follow_schedule(sock, meter, flow, stopped=end.exists)
+                _follow_schedule(sock, meter, flow,
+                                 stopped=lambda: window_ended(signals, mode))  # noqa: B023
                 windows[-1][2] = job_clock()
     except (_Stop, ConnectionError):
         pass
@@ -388,13 +387,10 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
 
 
 def _wait_for_window(signals: Path, seen: set[str]) -> str:
-    """Block until a start-MODE file not seen before appears; return MODE."""
-    while True:
-        for entry in os.scandir(signals):
-            if entry.name.startswith("start-") and entry.name not in seen:
-                seen.add(entry.name)
-                return entry.name.removeprefix("start-")
+    """Block until a window not seen before starts; return its mode."""
+    while (mode := new_window(signals, seen)) is None:
         time.sleep(SIGNAL_POLL_S)
+    return mode
 
 
 def _follow_schedule(sock: socket.socket, meter: _WireMeter, flow: BackgroundFlow,

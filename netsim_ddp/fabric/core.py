@@ -33,6 +33,7 @@ from .delayline.health import ForwarderMonitor
 from .errors import FabricError
 from .lifetime import ProcessNamespace
 from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
+from .qdisc_stats import basic_counts, queue_length, root_qdisc
 
 # Where per-run subnets are drawn from when the scenario names none.
 SUBNET_POOL = ipaddress.IPv4Network("10.128.0.0/9")
@@ -282,8 +283,9 @@ class Fabric:
         plan = self._require_plan()
         deadline = time.monotonic() + timeout_s
         while True:
-            backlog = sum(_backlog(msg) for msg in self._iproutes[plan.switch_netns].get_qdiscs())
-            backlog += sum(_backlog(msg) for node in plan.nodes
+            switch = self._iproutes[plan.switch_netns]
+            backlog = sum(queue_length(msg) for msg in switch.get_qdiscs())
+            backlog += sum(queue_length(msg) for node in plan.nodes
                            for msg in self._iproutes[node.netns].get_qdiscs(index=ETH0_INDEX))
             if backlog == 0:
                 return True
@@ -292,9 +294,9 @@ class Fabric:
             time.sleep(0.005)
 
     def _root_qdisc(self, namespace: str, index: int) -> dict[str, Any]:
-        for msg in self._iproutes[namespace].get_qdiscs(index=index):
-            if msg["parent"] == TC_H_ROOT:
-                return _qdisc_summary(msg)
+        msg = root_qdisc(self._iproutes[namespace], index)
+        if msg is not None:
+            return _qdisc_summary(msg)
         raise FabricError(f"no root qdisc on interface {index} in {namespace}")
 
     def qdiscs(self, node: str | int) -> list[dict[str, Any]]:
@@ -348,21 +350,14 @@ def _apply_qdiscs(ipr: IPRoute, index: int, qdiscs: tuple[QdiscPlan, ...]) -> No
 
 
 def _qdisc_summary(msg) -> dict[str, Any]:
-    stats = msg.get_attr("TCA_STATS2")
-    basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
+    counts = basic_counts(msg)
     return {
         "kind": msg.get_attr("TCA_KIND"),
         "handle": msg["handle"],
         "parent": msg["parent"],
-        "bytes": basic["bytes"] if basic else None,
-        "packets": basic["packets"] if basic else None,
+        "bytes": counts[0] if counts else None,
+        "packets": counts[1] if counts else None,
     }
-
-
-def _backlog(msg) -> int:
-    stats = msg.get_attr("TCA_STATS2")
-    queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
-    return queue["qlen"] if queue else 0
 
 
 def _disable_ipv6() -> None:

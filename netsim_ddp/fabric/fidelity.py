@@ -12,10 +12,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from ..scenario import ETHERNET_HEADER
+from ..units import header_factor
 from .core import Fabric, Node
 
-TCP_IP_HEADERS = 52  # IPv4 20 + TCP 20 + timestamp option 12
 _CHUNK = 1 << 20
 
 # The sender runs as its own process inside the source node, as a DDP rank would.
@@ -32,7 +31,7 @@ with socket.create_connection((address, port), timeout=10) as s:
 
 def expected_goodput(rate_bps: float, mtu: int) -> float:
     """TCP payload rate a link of `rate_bps` carries with full-sized segments."""
-    return rate_bps * (mtu - TCP_IP_HEADERS) / (mtu + ETHERNET_HEADER)
+    return rate_bps / header_factor(mtu)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from ..clock import job_clock
 from . import naming
+from .qdisc_stats import basic_counts, root_qdisc
 
 NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
 
@@ -39,10 +39,6 @@ def mark_own_link(ifname: str | None = None) -> LinkMark | None:
         links = ipr.link_lookup(ifname=ifname)
         if not links:
             return None
-        for msg in ipr.get_qdiscs(index=links[0]):
-            if msg["parent"] == TC_H_ROOT:
-                stats = msg.get_attr("TCA_STATS2")
-                basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
-                if basic:
-                    return LinkMark(job_clock(), basic["bytes"], basic["packets"])
-    return None
+        msg = root_qdisc(ipr, links[0])
+        counts = basic_counts(msg) if msg is not None else None
+    return LinkMark(job_clock(), *counts) if counts else None

@@ -1,7 +1,7 @@
 """The fabric as pure data: what namespaces, links, addresses and qdiscs a scenario needs.
 
 Computed before anything touches the kernel, so it can be unit-tested without root and shown to
-people (`netsim-ddp plan`). `apply` realises it.
+people (`netsim-ddp plan`). `fabric.core.Fabric` realises it when entered.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
-from ..scenario import ETHERNET_HEADER, EffectiveLink, Scenario
+from ..scenario import EffectiveLink, Scenario
+from ..units import ETHERNET_HEADER
 from . import naming
 from .errors import FabricError
 

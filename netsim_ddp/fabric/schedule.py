@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from ..scenario import ETHERNET_HEADER, EffectiveLink, Scenario, queue_limit_bytes
+from ..scenario import EffectiveLink, Scenario, queue_limit_bytes
+from ..signals import new_window, window_ended
+from ..units import ETHERNET_HEADER
 from . import netns
 from .errors import FabricError
 from .plan import NodePlan, QdiscPlan, egress_qdiscs, ingress_qdiscs
+from .qdisc_stats import basic_counts, root_qdisc
 
 FLAP_RATE_BPS = 8_000.0  # a link that is down still needs a valid tbf rate: 1 kB/s
 POLL_S = 0.001
@@ -206,21 +208,17 @@ class LinkScheduler:
 
     def _next_window(self, seen: set[str]) -> str | None:
         while not self._stop.is_set():
-            with contextlib.suppress(FileNotFoundError):
-                for entry in sorted(p.name for p in self.signals.iterdir()):
-                    if entry.startswith("start-") and entry not in seen:
-                        seen.add(entry)
-                        return entry.removeprefix("start-")
+            if (mode := new_window(self.signals, seen)) is not None:
+                return mode
             time.sleep(POLL_S)
         return None
 
     def _replay(self, sockets: dict[str, IPRoute], mode: str) -> None:
         window = ModeWindow(mode, time.monotonic())
         self.windows.append(window)
-        end = self.signals / f"end-{mode}"
         pending = list(self.steps)
         next_sample = 0.0
-        while not self._stop.is_set() and not end.exists():
+        while not self._stop.is_set() and not window_ended(self.signals, mode):
             now = time.monotonic()
             while pending and now >= window.start_monotonic + pending[0].at:
                 step = pending.pop(0)
@@ -254,12 +252,11 @@ class LinkScheduler:
 
 
 def _root_bytes(ipr: IPRoute, index: int) -> int:
-    for msg in ipr.get_qdiscs(index=index):
-        if msg["parent"] == TC_H_ROOT:
-            stats = msg.get_attr("TCA_STATS2")
-            basic = stats.get_attr("TCA_STATS_BASIC") if stats else None
-            return int(basic["bytes"]) if basic else 0
-    raise FabricError(f"no root qdisc on interface {index}: the link lost its shaping")
+    msg = root_qdisc(ipr, index)
+    if msg is None:
+        raise FabricError(f"no root qdisc on interface {index}: the link lost its shaping")
+    counts = basic_counts(msg)
+    return counts[0] if counts else 0
 
 
 # -- reading a run against its schedule (pure) ------------------------------------------------

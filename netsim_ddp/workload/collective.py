@@ -3,10 +3,10 @@ model. It tells whether this host can move an all-reduce at the emulated link's 
 a run would measure the CPU, not the network) and what bus bandwidth the gradient all-reduce
 reaches (nccl-tests' definition: algbw x 2(n-1)/n).
 
-It all-reduces every dtype the modes' comm hooks send, the same number of elements each: gloo
-sums float16 on the CPU element by element, so a host that moves a float32 all-reduce at
-10 Gbit/s can move the float16 one of the same gradients no faster (measured on a 2-core EPYC:
-57 ms for 16.8M elements either way), and amp-fp16 would then measure the CPU, not the link.
+It all-reduces every dtype the modes' comm hooks send (workload.modes: each mode's wire dtype),
+the same number of elements each: gloo sums 16-bit floats on the CPU element by element, so a
+host that moves a float32 all-reduce at the link's rate may move the float16 one of the same
+gradients no faster, and amp-fp16 would then measure the CPU, not the link.
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from netsim_ddp.hostload import CpuLoad, CpuTimes
+from netsim_ddp.workload.modes import WireDtype
 
 RESULT_FILE = "allreduce.json"
-WireDtype = Literal["float32", "float16", "bfloat16"]
-BYTES_PER_ELEMENT: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class AllreduceProbe(BaseModel):

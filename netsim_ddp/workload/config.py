@@ -7,11 +7,11 @@ exported on machines (and in processes) that never run a rank.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from netsim_ddp.units import parse_count, parse_size
+from netsim_ddp.units import Count, Size
 from netsim_ddp.workload.collective import AllreduceProbe
 from netsim_ddp.workload.modes import MODES, mode_names
 
@@ -19,8 +19,6 @@ BUILTIN_MODELS = ("mlp", "transformer")
 # "package.module:factory": dotted module path, a colon, one attribute name.
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
-Count = Annotated[int, BeforeValidator(parse_count, json_schema_input_type=int | str)]
-Size = Annotated[int, BeforeValidator(parse_size, json_schema_input_type=int | str)]
 
 DEFAULT_MODES = ("fp32", "amp", "amp-fp16")
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's own default bucket_cap_mb=25 (MiB)

@@ -13,19 +13,26 @@ torch is imported inside methods so that config validation (which needs only the
 without importing torch.
 
 Add a mode: subclass `Mode`, then `register_mode(MyMode())`. The hook must route every tensor it
-sends through a `SentBytes` (see hooks.counted_allreduce) or the byte counts will be wrong.
+sends through a `SentBytes` (see hooks.counted_allreduce) or the byte counts will be wrong. Its
+`wire_dtype` is all the harness needs besides: the probe all-reduces that dtype, the wire-ratio
+check holds the mode's bytes to it against fp32, and a smaller dtype joins the default claim.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     from netsim_ddp.workload.hooks import SentBytes
+
+
+WireDtype = Literal["float32", "float16", "bfloat16"]
+BYTES_PER_ELEMENT: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+REFERENCE_MODE = "fp32"  # what the other modes' wire bytes and comm times are judged against
 
 
 class Mode:
@@ -35,7 +42,7 @@ class Mode:
     summary: ClassVar[str] = "FP32 compute, FP32 all-reduce"
     # What the comm hook all-reduces: the fidelity probe times an all-reduce of this dtype,
     # since gloo reduces 16-bit floats on the CPU far slower than float32.
-    wire_dtype: ClassVar[str] = "float32"
+    wire_dtype: ClassVar[WireDtype] = "float32"
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
         return None
@@ -90,7 +97,7 @@ class AmpFp16Mode(AmpMode):
 
     name: ClassVar[str] = "amp-fp16"
     summary: ClassVar[str] = "autocast + GradScaler + fp16_compress_hook (FP16 all-reduce)"
-    wire_dtype: ClassVar[str] = "float16"
+    wire_dtype: ClassVar[WireDtype] = "float16"
 
     def register_comm_hook(self, ddp: DistributedDataParallel, counter: SentBytes) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
@@ -112,7 +119,7 @@ class AmpBf16Mode(AmpMode):
 
     name: ClassVar[str] = "amp-bf16"
     summary: ClassVar[str] = "autocast + GradScaler + BF16 all-reduce hook"
-    wire_dtype: ClassVar[str] = "bfloat16"
+    wire_dtype: ClassVar[WireDtype] = "bfloat16"
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
         import torch
@@ -154,6 +161,19 @@ def get_mode(name: str) -> Mode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"unknown mode {name!r}; valid modes: {', '.join(MODES)}") from None
+
+
+def wire_ratio(name: str, reference: str = REFERENCE_MODE) -> float:
+    """The wire bytes `name` promises relative to `reference`: its hook sends the same
+    elements in its wire dtype (the wire-ratio checks hold each mode to it)."""
+    return (BYTES_PER_ELEMENT[get_mode(name).wire_dtype]
+            / BYTES_PER_ELEMENT[get_mode(reference).wire_dtype])
+
+
+def compresses(name: str, reference: str = REFERENCE_MODE) -> bool:
+    """Does `name` put fewer bytes on the wire than `reference` (the default claim: then its
+    comm time must be shorter too)? False for a mode this process has not registered."""
+    return name in MODES and wire_ratio(name, reference) < 1
 
 
 for _mode in (Mode(), AmpMode(), AmpFp16Mode(), AmpBf16Mode()):

@@ -2,11 +2,11 @@
 
 Inside an emulated node (the harness sets NETSIM_DDP_NODE), each node's local rank 0 reads its
 link's counters at the window's edges, after a barrier: every rank has then finished the previous
-all-reduce, so everything sent before has left the queues and the marks are exact. Each node's local
-rank 0 also drops a file at each edge in NETSIM_DDP_SIGNAL_DIR, which starts and stops the
-background traffic's schedule, so every mode meets the same schedule from its first measured
-step. On one host every node's rank drops the same file (one folder); on a multi-host run each
-host's folder gets its own, for the flows that start there.
+all-reduce, so everything sent before has left the queues and the marks are exact. Each node's
+local rank 0 also drops a file at each edge in NETSIM_DDP_SIGNAL_DIR (netsim_ddp.signals), which
+starts and stops the background traffic's schedule, so every mode meets the same schedule from
+its first measured step. On one host every node's rank drops the same file (one folder); on a
+multi-host run each host's folder gets its own, for the flows that start there.
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
+
+from netsim_ddp.signals import END, SIGNAL_DIR_ENV, START, signal_file
 
 NODE_ENV = "NETSIM_DDP_NODE"
-SIGNAL_DIR_ENV = "NETSIM_DDP_SIGNAL_DIR"
-
-
-def signal_file(directory: Path | str, edge: str, mode: str) -> Path:
-    """The file each node's local rank 0 creates when a mode's measured window starts or ends."""
-    return Path(directory) / f"{edge}-{mode}"
 
 
 @contextlib.contextmanager
@@ -49,7 +44,7 @@ def measured_window(
         if signals and local_rank == 0:
             signal_file(signals, name, mode).touch()
 
-    edge("start")
+    edge(START)
     with inner:
         yield
-    edge("end")
+    edge(END)

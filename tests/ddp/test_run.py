@@ -45,7 +45,7 @@ def three_modes(netsim_run):
 
 def test_mixed_precision_on_the_wire(three_modes):
     report = three_modes
-    assert report.status == "passed", [c.as_dict() for c in report.checks]
+    assert report.status == "passed", [c.to_record() for c in report.checks]
     fp32, amp, fp16 = (report.modes[m] for m in ("fp32", "amp", "amp-fp16"))
     reference = fp32.wire_bytes_per_iteration
     assert amp.wire_bytes_per_iteration / reference == pytest.approx(1, abs=0.03)
@@ -71,7 +71,7 @@ def test_every_mode_crossed_the_emulated_network(three_modes):
 def test_results_json_carries_the_promised_keys(three_modes):
     from netsim_ddp.runner import results_document
 
-    document = json.loads(json.dumps(results_document([three_modes])))
+    document = json.loads(results_document([three_modes]).to_json())
     (entry,) = document["scenarios"]
     assert entry["name"] == "default" and entry["passed"] is True
     samples = three_modes.scenario.workload.batch_size * 2  # per rank, 2 ranks
@@ -87,10 +87,12 @@ def test_results_json_carries_the_promised_keys(three_modes):
     assert all({"name", "passed", "detail"} <= set(check) for check in entry["checks"])
     # the host's CPUs while training: the ranks kept them busy
     assert 0 < entry["host_load"]["busy"] <= 1 and 0 <= entry["host_load"]["steal"] <= 1
+    assert document["version"] == 2 and document["created_at"] and document["machine_info"]["node"]
+    assert len(entry["scenario_digest"]) == 16
 
 
 def test_busbw_and_ring_bound_are_reported(three_modes):
-    fp32 = three_modes.modes["fp32"].as_dict()
+    fp32 = three_modes.modes["fp32"].to_record().dump()
     # From exposed comm: between the ring lower bound and a few times it on a shaped link.
     assert 0.5 <= fp32["busbw_over_link"] <= 1.1
     assert 0.9 <= fp32["comm_over_ring_lower_bound"] <= 2.0
@@ -217,9 +219,9 @@ def test_delayed_scenario_runs_end_to_end(netsim_run):
     # than train it again. Its normal jitter needs netem's distribution tables, which pyroute2
     # cannot load, so the delay line carries it on every host (tests/netns has netem's side).
     report = netsim_run(ROOT / "scenarios" / "delayed.toml")
-    assert report.status == "passed", [c.as_dict() for c in report.checks]
+    assert report.status == "passed", [c.to_record() for c in report.checks]
     assert report.delay_backends == {"n0": "delay-line", "n1": "delay-line"}
     for stats in report.delay_line_stats.values():
         assert stats["forwarded"] > 0 and stats["dropped_queue_full"] == 0
-    document = report.as_dict()
+    document = report.to_record().dump()
     assert document["network"]["delay_backends"]["n0"] == "delay-line"

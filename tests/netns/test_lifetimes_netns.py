@@ -213,7 +213,7 @@ def test_dry_run_writes_nothing_and_clean_removes_a_killed_runs_namespaces(tmp_p
 
 ROOTLESS_CLEAN = textwrap.dedent("""
     import json, os, subprocess, sys
-    from netsim_ddp.fabric import naming, sweep
+    from netsim_ddp.fabric import naming, stale
     dead, live = sys.argv[1], sys.argv[2]
     os.setgroups([]); os.setgid(65534); os.setuid(65534)
     folder = naming.user_lock_dir(65534)
@@ -224,8 +224,8 @@ ROOTLESS_CLEAN = textwrap.dedent("""
     os.close(dead_lock.fd)  # its holder was SIGKILLed: lock dropped, file left
     leftover = subprocess.Popen(["sleep", "600"], env={naming.RUN_ID_ENV: dead})
     spared = subprocess.Popen(["sleep", "600"], env={naming.RUN_ID_ENV: live})
-    dry = sweep.sweep_stale(dry_run=True)
-    done = sweep.sweep_stale()
+    dry = stale.clean_stale_runs(dry_run=True)
+    done = stale.clean_stale_runs()
     leftover_code = leftover.wait(timeout=10)
     spared_alive = spared.poll() is None
     spared.kill()

@@ -2,7 +2,6 @@
 calibrated world size the calibrated times come back; beyond it ring or tree, named; far past
 the measured sizes without a calibration, the fitted and a typical latency side by side."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -130,7 +129,7 @@ def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_s
     (note,) = projection.notes
     assert "latency term is this host's stack" in note
     assert "more latency than bandwidth" in note
-    table = projection_table(projection.as_dict())
+    table = projection_table(projection.to_record())
     # Rows: fp32 at 1 Gbit/s, then at 100 Gbit/s; columns: mode, link, 16, 64, 1024 GPUs.
     assert " / " in list(table.columns[-1].cells)[0]
     assert [" / " in cell for cell in list(table.columns[2].cells)[:2]] == [False, True]
@@ -143,7 +142,7 @@ def test_without_calibration_far_past_the_measured_sizes_two_latencies_side_by_s
 def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4]), runner=fake_runner())
     results = tmp_path / "results.json"
-    results.write_text(json.dumps(results_document([], [sweep])))
+    results.write_text(results_document([], [sweep]).to_json())
     out = tmp_path / "report"
     # The network from one file, NVLink from a one-server run in another (--calibration twice).
     done = CliRunner().invoke(main, ["report", str(results), "--out", str(out),

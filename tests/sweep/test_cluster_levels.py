@@ -215,7 +215,7 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
     assert cluster.nvlink.busbw_bytes_per_s == pytest.approx(200e9)
     assert cluster.nvlink.latency_s == pytest.approx(20e-6)
     table = projection_table(run_sweep(scenario, fields, runner=fake_runner())
-                             .projection.as_dict())
+                             .projection.to_record())
     assert "hier" in table.caption and "nvl" in table.caption
 
 

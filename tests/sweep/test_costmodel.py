@@ -161,7 +161,7 @@ def test_a_holdout_miss_counts_only_beyond_the_measurements_noise():
     noisy = holdout(train, measured(1.2, 0.3))
     assert noisy.max_abs_error > 0.15 and noisy.misses == [False] and noisy.met
     assert not noisy.within_target and "noise" in noisy.verdict
-    entry = noisy.as_dict()["held_out"][0]
+    entry = noisy.to_record().dump()["held_out"][0]
     assert entry["missed"] is False and entry["measured_interval_s"][0] < entry["step_s"]
     # Off by twice the measured step, no amount of this noise hides it.
     assert not holdout(train, measured(0.5, 0.3)).met

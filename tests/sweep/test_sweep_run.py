@@ -1,7 +1,6 @@
 """A real sweep, end to end: 1 and 2 emulated nodes at 500 Mbit/s, real DDP runs, the JSON and
 the report with its plots."""
 
-import json
 
 import pytest
 
@@ -64,7 +63,7 @@ def test_report_from_the_json(tiny_sweep, tmp_path):
     from netsim_ddp.plots import report
 
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(results_document([], [tiny_sweep])))
+    path.write_text(results_document([], [tiny_sweep]).to_json())
     index = report(path, tmp_path / "report")
     text = index.read_text()
     for name in ("scaling-tiny.png", "projection-tiny.png", "wire-bytes-tiny.png",

@@ -10,7 +10,8 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.costmodel import CostModel, StepPoint
-from netsim_ddp.runner import ModeReport, ScenarioReport, results_document, slowest_link_goodput
+from netsim_ddp.mode_report import ModeReport
+from netsim_ddp.runner import ScenarioReport, results_document, slowest_link_goodput
 from netsim_ddp.sweep import (
     SweepConfig,
     point_scenario,
@@ -152,7 +153,7 @@ def test_a_holdout_missed_while_the_hypervisor_stole_cpu_is_not_judged():
     assert sweep.status == "refused" and sweep.steal == 0.2
     (reason,) = sweep.refusals
     assert "missed the held-out points" in reason and "took up to 20%" in reason
-    assert results_document([], [sweep])["sweeps"][0]["refusals"] == [reason]
+    assert results_document([], [sweep]).dump()["sweeps"][0]["refusals"] == [reason]
     # Steal alone does not refuse a sweep whose model held, nor a little steal excuse a miss.
     assert run_sweep(base(), config, runner=slowed_runner(1.0, steal=0.2)).status == "passed"
     assert run_sweep(base(), config, runner=slowed_runner(1.3, steal=0.01)).status == "failed"
@@ -186,7 +187,7 @@ def test_user_compute_time_and_model_size_drive_the_projection():
 
 def test_json_document_and_report(tmp_path):
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4]), runner=fake_runner(noise=0.02))
-    document = json.loads(json.dumps(results_document([sweep.points[1].report], [sweep])))
+    document = json.loads(results_document([sweep.points[1].report], [sweep]).to_json())
     assert document["scenarios"][0]["name"] == "synthetic[2 nodes]"
     (entry,) = document["sweeps"]
     assert entry["axes"] == {"nodes": [1, 2, 3, 4]}
@@ -257,7 +258,7 @@ def test_refused_points_make_a_refused_sweep_not_a_failed_one():
     assert sweep.refusals == ["point 2 nodes: slow host at 2 nodes"]
     assert "point 2 nodes: refused (slow host at 2 nodes), left out of the model" in sweep.notes
     assert sweep.fit is not None  # the other points are still fitted
-    assert results_document([], [sweep])["sweeps"][0]["status"] == "refused"
+    assert results_document([], [sweep]).dump()["sweeps"][0]["status"] == "refused"
 
 
 def test_a_refused_point_leaves_the_hold_out_unjudged():

@@ -8,7 +8,8 @@ import pytest
 from netsim_ddp import Scenario
 from netsim_ddp.baseline import Baseline, BaselineError, save
 from netsim_ddp.gate import Expectation, Metric, Tolerance, evaluate
-from netsim_ddp.runner import ModeReport, ScenarioReport
+from netsim_ddp.mode_report import ModeReport
+from netsim_ddp.runner import ScenarioReport
 from netsim_ddp.workload.intervals import union_length
 from netsim_ddp.workload.results import ModeResult, RankSamples, combine, exposed_comm
 
@@ -56,9 +57,9 @@ def test_combine_takes_the_slowest_rank_and_names_the_straggler():
     assert [s.wait_s for s in result.stragglers] == pytest.approx([0.15, 0.05])
     assert result.started_monotonic == [100.0, 200.0]
     report = ModeReport(result, 1.0, 0.0, 1e9, node_names=["a", "b"], ranks_per_node=1)
-    assert [row["node"] for row in report.straggler_rows()] == ["b", "a"]
-    assert report.straggler_summary()["of"] == 2
-    document = report.as_dict()
+    assert [row.node for row in report.straggler_rows()] == ["b", "a"]
+    assert report.straggler_summary().of == 2
+    document = report.to_record().dump()
     assert document["collective_s"] == result.collective_s
     assert document["summary"]["collective_s"]["median"] == pytest.approx(0.275)
 
@@ -68,7 +69,7 @@ def test_a_result_without_timing_has_none_and_metrics_say_so():
     result = combine([r], **{**META, "world_size": 1, "iterations": 1})
     assert result.collective_s is None and result.stragglers is None
     report = ModeReport(result, 1.0, 0.0, 1e9)
-    assert report.collective is None and "collective_s" not in report.as_dict()["summary"]
+    assert report.collective is None and "collective_s" not in report.to_record().dump()["summary"]
     with pytest.raises(ValueError, match="no collective timing"):
         Metric.parse("collective_s.std").value(report)
 

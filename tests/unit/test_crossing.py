@@ -7,8 +7,8 @@ from netsim_ddp.crossing import (
     MIN_FRACTION,
     CrossingVerdict,
     expected_cross_node,
-    header_factor,
 )
+from netsim_ddp.units import header_factor
 
 S = 10_000_000  # gradient bytes per rank and step
 

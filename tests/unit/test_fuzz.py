@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from netsim_ddp import Scenario, ScenarioError, units
 from netsim_ddp.baseline import Baseline, BaselineError
+from netsim_ddp.document import DocumentError, load_document
 from netsim_ddp.limits import HostResources, check_host
-from netsim_ddp.plots import ResultsError, load_results
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -186,8 +186,8 @@ def test_mutated_results_load_or_raise_results_error(tmp_path, data, value, dele
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_mutate(base, path_in_doc, value, delete and bool(path_in_doc))))
     try:
-        load_results(path)
-    except ResultsError:
+        load_document(path)
+    except DocumentError:
         pass
 
 
@@ -197,5 +197,5 @@ def test_unreadable_json_files_are_the_loaders_own_errors(tmp_path, text):
     path.write_text(text, errors="surrogateescape")
     with pytest.raises(BaselineError):
         Baseline(path)
-    with pytest.raises(ResultsError):
-        load_results(path)
+    with pytest.raises(DocumentError):
+        load_document(path)

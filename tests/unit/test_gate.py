@@ -4,6 +4,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,8 @@ from netsim_ddp.gate import (
     evaluate,
     regression_verdict,
 )
-from netsim_ddp.runner import ModeReport, ScenarioReport
+from netsim_ddp.mode_report import ModeReport
+from netsim_ddp.runner import ScenarioReport
 from netsim_ddp.workload.results import ModeResult
 
 SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
@@ -161,3 +163,90 @@ def test_too_few_samples_say_so():
     claim = Expectation(metric="comm_s.median", mode="amp-fp16", vs="fp32", max_ratio=1.0)
     verdict = evaluate(claim, modes)
     assert not verdict.passed and "measure more iterations" in verdict.detail
+
+
+def test_a_registered_mode_is_held_to_its_wire_dtype_and_joins_the_default_claim():
+    from netsim_ddp.runner import wire_ratio_checks
+    from netsim_ddp.workload.modes import MODES, AmpMode, register_mode
+
+    class Fp16Everywhere(AmpMode):
+        name = "test-fp16-wire"
+        wire_dtype = "float16"
+
+    register_mode(Fp16Everywhere())
+    try:
+        modes = {"fp32": mode("fp32", wire=8e6), "amp": mode("amp", wire=8e6),
+                 "test-fp16-wire": mode("test-fp16-wire", wire=6e6)}  # 0.75 x, not 0.5
+        checks = {check.name: check for check in wire_ratio_checks(modes)}
+        assert checks["wire-bytes:amp/fp32"].passed
+        registered = checks["wire-bytes:test-fp16-wire/fp32"]
+        assert not registered.passed and "expected 0.50" in registered.detail
+        claims = [claim.mode for claim in default_expectations(list(modes))]
+        assert claims == ["test-fp16-wire"]
+    finally:
+        del MODES["test-fp16-wire"]
+
+
+def test_gating_on_a_baseline_from_another_machine_says_which_fields_differ(tmp_path):
+    from netsim_ddp.document import MachineInfo
+    from netsim_ddp.session import NetsimSession
+
+    path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
+    assert Baseline(path).machine_warning() is None  # saved here: the same machine
+    assert NetsimSession.create(baseline=str(path)).warnings == []
+    document = json.loads(path.read_text())
+    document["machine_info"]["cpu"]["brand_raw"] = "Some Other CPU"
+    document["machine_info"]["torch_version"] = "0.0.1"
+    path.write_text(json.dumps(document))
+    warning = Baseline(path).machine_warning()
+    assert warning is not None and str(path) in warning
+    assert "cpu.brand_raw: 'Some Other CPU' != " in warning
+    assert "torch_version: '0.0.1' != " in warning and "release" not in warning
+    session = NetsimSession.create(baseline=str(path))
+    assert session.warnings == [warning]
+    session.reports.append(report_with({"fp32": mode("fp32", seed=2)}))
+    assert f"  {warning}" in session.summary_lines()
+    current = MachineInfo.of_this_host()
+    assert Baseline(path).machine_warning(current) == warning
+
+
+def test_the_plugin_header_warns_of_a_baseline_from_another_machine(tmp_path):
+    from types import SimpleNamespace
+
+    from netsim_ddp import plugin
+    from netsim_ddp.session import NetsimSession
+
+    path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
+    document = json.loads(path.read_text())
+    document["machine_info"]["release"] = "0.0-other-kernel"
+    path.write_text(json.dumps(document))
+    config = SimpleNamespace(stash=pytest.Stash(), option=SimpleNamespace())
+    config.stash[plugin._SESSION] = NetsimSession.create(baseline=str(path))
+    (line,) = plugin.pytest_report_header(config)
+    assert line.startswith(f"netsim-ddp: warning: baseline {path} was measured on a different "
+                           "machine (saved != current): release: '0.0-other-kernel' != ")
+
+
+def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from netsim_ddp import host
+    from netsim_ddp.cli import main
+
+    path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
+    document = json.loads(path.read_text())
+    document["machine_info"]["cpu"]["count"] = 512
+    path.write_text(json.dumps(document))
+
+    def refuse(options, progress):  # stop where a run would start changing the host
+        raise host.HostConfigError("stopped by the test")
+
+    monkeypatch.setattr(host, "run_host", refuse)
+    result = CliRunner().invoke(main, [
+        "host", str(Path(__file__).resolve().parents[2] / "scenarios" / "default.toml"),
+        "--node-rank", "0", "--nnodes", "2",
+        "--master-addr", "127.0.0.1", "--master-port", "29500", "--nic", "eth9",
+        "--out", str(tmp_path / "out"), "--baseline", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "was measured on a different machine" in result.output
+    assert "cpu.count: 512 != " in result.output and "stopped by the test" in result.output

@@ -134,10 +134,10 @@ def test_report_of_a_malformed_results_file_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "scenarios.0.modes.fp32" in lines[0], result.output
-    from netsim_ddp.plots import ResultsError, load_results
+    from netsim_ddp.document import DocumentError, load_document
 
-    with pytest.raises(ResultsError):
-        load_results(path)
+    with pytest.raises(DocumentError):
+        load_document(path)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])

@@ -9,7 +9,7 @@ from netsim_ddp import Scenario
 from netsim_ddp.fabric.fidelity import expected_goodput
 from netsim_ddp.fabric.schedule import AppliedChange, ModeWindow
 from netsim_ddp.metrics import ring_allreduce_lower_bound
-from netsim_ddp.runner import ModeReport
+from netsim_ddp.mode_report import ModeReport
 from netsim_ddp.schedule_checks import attach_link_states, schedule_checks
 from netsim_ddp.workload.results import ModeResult
 

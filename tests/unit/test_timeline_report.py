@@ -5,10 +5,13 @@ import json
 from rich.console import Console
 
 from netsim_ddp import Scenario
+from netsim_ddp.document import parse_document
+from netsim_ddp.figures import fit_title
+from netsim_ddp.mode_report import ModeReport
 from netsim_ddp.plots import report
 from netsim_ddp.report import mode_table, straggler_cell
-from netsim_ddp.runner import ModeReport, ScenarioReport
-from netsim_ddp.timeline import check_rows, fit_title
+from netsim_ddp.runner import ScenarioReport
+from netsim_ddp.timeline import check_rows
 from netsim_ddp.workload.results import ModeResult, Straggler
 
 SCENARIO = {"name": "timeline", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
@@ -32,7 +35,7 @@ def mode_report(name, collective):
 def document():
     scenario = ScenarioReport(Scenario.from_dict(SCENARIO))
     scenario.modes = {"fp32": mode_report("fp32", 0.2), "amp-fp16": mode_report("amp-fp16", 0.1)}
-    entry = scenario.as_dict()
+    entry = scenario.to_record().dump()
     entry["checks"] = [
         {"name": "a-passing-check", "passed": True, "detail": "fine", "p_value": 0.001},
         {"name": "a-failing-check", "passed": False, "detail": "1.2x", "p_value": 0.31},
@@ -46,7 +49,7 @@ def document():
 
 def test_checks_are_listed_failures_first_with_p_values():
     _, doc = document()
-    rows = check_rows(doc["scenarios"][0])
+    rows = check_rows(parse_document(doc).scenarios[0])
     assert [row[0] for row in rows] == ["FAILED", "ok", "ok"]
     assert rows[0][1:3] == ["a-failing-check", "0.31"]
     assert rows[2][2] == "-"

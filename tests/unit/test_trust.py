@@ -8,6 +8,7 @@ import pytest
 
 from netsim_ddp import Scenario, runner
 from netsim_ddp.metrics import bus_bandwidth
+from netsim_ddp.runner import CollectiveFidelity
 from netsim_ddp.workload.collective import AllreduceResult
 
 SIZE = 8 * 2**20
@@ -76,7 +77,7 @@ def test_a_refusal_repeats_every_attempt_and_says_what_the_host_did(canned, tmp_
     assert fidelity.fraction == pytest.approx(0.46)
     assert "best of 3 attempts" in fidelity.reason
     assert "host CPUs 97% busy, 25% stolen by the hypervisor" in fidelity.reason
-    document = fidelity.as_dict()
+    document = fidelity.to_record().dump()
     assert len(document["attempts_bps"]) == 3 and document["host_load"]["steal"] == 0.25
 
 
@@ -100,7 +101,7 @@ def test_the_probe_times_every_wire_dtype_and_the_slowest_counts(canned, tmp_pat
     assert "the slowest, float16, reached" in fidelity.reason
     assert "(float32 99%: gloo sums 16-bit floats on the CPU, slower)" in fidelity.reason
     assert "float32 8 MiB, float16 4 MiB" in fidelity.reason
-    assert fidelity.as_dict()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
+    assert fidelity.to_record().dump()["dtype_bps"][1]["float16"] == fidelity.busbw_bps
 
 
 def test_busbw_of_the_canned_results_is_what_the_fraction_says():
@@ -109,7 +110,6 @@ def test_busbw_of_the_canned_results_is_what_the_fraction_says():
 
 
 def test_the_summary_line_says_how_far_runs_can_be_trusted():
-    from netsim_ddp.runner import CollectiveFidelity
     from netsim_ddp.session import _probe_summary
 
     def report(*attempts):
@@ -131,3 +131,15 @@ def test_steal_while_training_is_a_warning_above_five_percent():
     assert steal_warning([report(0.01), SimpleNamespace(host_load=None)]) is None
     warning = steal_warning([report(0.01), report(0.25)])
     assert warning is not None and "the hypervisor took 25% of this host's CPU" in warning
+
+
+def test_a_probe_faster_than_the_link_is_refused_as_traffic_that_went_around_it(canned,
+                                                                                tmp_path):
+    launched = canned(6.8)
+    fidelity = probe(scenario(), tmp_path)
+    assert len(launched) == 1 and not fidelity.trusted  # retrying cannot slow a bypass down
+    assert "faster than the emulated link can carry" in fidelity.reason
+    assert "went around the shaped links" in fidelity.reason
+    assert "this host cannot move" not in fidelity.reason
+    within_burst = CollectiveFidelity(SIZE, 2, [1.04e9], 1e9, 0.9)
+    assert within_burst.trusted  # a few percent over the cap is the bucket's burst

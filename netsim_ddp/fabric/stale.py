@@ -30,7 +30,7 @@ HOST_NETNS_DIR = Path("/run/netns")
 
 
 @dataclass
-class SweepReport:
+class StaleRunsReport:
     removed: list[str] = field(default_factory=list)  # namespaces (dry run: would remove)
     killed_processes: int = 0  # (dry run: would kill)
     removed_locks: list[str] = field(default_factory=list)  # run ids whose lock file went
@@ -60,14 +60,14 @@ class SweepReport:
         return line
 
 
-def sweep_stale(dry_run: bool = False) -> SweepReport:
+def clean_stale_runs(dry_run: bool = False) -> StaleRunsReport:
     """Remove (or with `dry_run`, list) what dead runs left; live runs are left alone."""
     root = _is_root()
     lock_dir = naming.ROOT_LOCK_DIR if root else _user_lock_dir()
     namespaces = _namespaces_by_run() if root else {}
     processes = _marked_processes()
     runs = set(namespaces) | set(processes) | _locked_run_ids(lock_dir)
-    report = SweepReport()
+    report = StaleRunsReport()
     for run_id in sorted(runs):
         names, pids = namespaces.get(run_id, []), processes.get(run_id, [])
         if dry_run:
