@@ -142,7 +142,7 @@ def _unshaped_bypass(fabric):
 
 
 def test_a_bypass_of_the_shaped_links_fails_the_crossing_check():
-    # no probe: through the bypass it would only find the unshaped path fast enough
+    # no probe: it would refuse the run (the bypass beats the cap), and this is the crossing check's
     report = run_scenario(scenario(modes=("fp32", "amp-fp16"), iterations=3,
                                    fidelity={"enabled": False}), on_built=_unshaped_bypass)
     assert report.status == "failed"
