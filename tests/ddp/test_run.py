@@ -57,6 +57,9 @@ def test_mixed_precision_on_the_wire(three_modes):
         assert mode.wire_bytes_per_iteration == pytest.approx(expected, rel=0.03)
     # Half the bytes, and the link is the bottleneck: the exposed communication follows.
     assert fp16.comm.median < 0.8 * fp32.comm.median
+    # On a CPU, amp's slow autocast backward hides comm too, so the comm check alone would pass
+    # for an amp-fp16 that stopped compressing; its collectives, timed directly, would not.
+    assert fp16.collective.median < 0.8 * amp.collective.median
     assert {c.name for c in report.checks} >= {"fidelity", "wire-bytes:amp/fp32",
                                                "wire-bytes:amp-fp16/fp32"}
 
@@ -142,11 +145,15 @@ def _unshaped_bypass(fabric):
 
 
 def test_a_bypass_of_the_shaped_links_fails_the_crossing_check():
-    # no probe: it would refuse the run (the bypass beats the cap), and this is the crossing check's
+    # Both guards in one run: the probe finds the unshaped path faster than the link can carry
+    # (refused, unless allowed as here), and the trained modes' bytes are not on the links.
     report = run_scenario(scenario(modes=("fp32", "amp-fp16"), iterations=3,
-                                   fidelity={"enabled": False}), on_built=_unshaped_bypass)
+                                   fidelity={"attempts": 1}), on_built=_unshaped_bypass,
+                          allow_untrusted=True)
     assert report.status == "failed"
     checks = {check.name: check for check in report.checks}
+    assert not checks["fidelity"].passed
+    assert "went around the shaped links" in checks["fidelity"].detail
     for mode in ("fp32", "amp-fp16"):
         check = checks[f"crossed:{mode}"]
         assert not check.passed
