@@ -376,8 +376,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
 def _run_one(session, scenario: Scenario, human: Console, profile: bool,
              calibration: list[str] | None) -> None:
     """One scenario (or sweep) of `run` and its tables; the session records what broke."""
-    from .report import sweep_tables
     from .session import steal_warning
+    from .tables import sweep_tables
 
     if scenario.sweep is not None:
         with err.status("") as status:
@@ -403,8 +403,8 @@ def _run_one(session, scenario: Scenario, human: Console, profile: bool,
 
 def _print_report(human: Console, report) -> None:
     """A trained scenario's table, checks and warnings (`run` and `host` alike)."""
-    from .report import mode_table
     from .session import steal_warning
+    from .tables import mode_table
 
     human.print(mode_table(report))
     for check in report.checks:

@@ -33,9 +33,9 @@ from .document import (
     load_document,
 )
 from .figures import fit_title, mode_color, pyplot
-from .report import projection_cell, straggler_cell
 from .runner import slowest_link_goodput
 from .scenario import Scenario
+from .tables import projection_cell, straggler_cell
 from .timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
 
 if TYPE_CHECKING:

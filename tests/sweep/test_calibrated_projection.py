@@ -13,9 +13,9 @@ from netsim_ddp.calibrate import CalibrationError, load_allreduce
 from netsim_ddp.cli import main
 from netsim_ddp.cluster import collective_time, project_calibrated
 from netsim_ddp.costmodel import TYPICAL_ETHERNET_ALPHA_S
-from netsim_ddp.report import projection_table
 from netsim_ddp.runner import results_document
 from netsim_ddp.sweep import SweepConfig, run_sweep
+from netsim_ddp.tables import projection_table
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"

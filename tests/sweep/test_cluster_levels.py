@@ -22,8 +22,8 @@ from netsim_ddp.cluster import (
     project_calibrated,
 )
 from netsim_ddp.ncclparse import CALIBRATABLE
-from netsim_ddp.report import projection_table
 from netsim_ddp.sweep import SweepConfig, run_sweep
+from netsim_ddp.tables import projection_table
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"

@@ -9,8 +9,8 @@ from netsim_ddp.document import parse_document
 from netsim_ddp.figures import fit_title
 from netsim_ddp.mode_report import ModeReport
 from netsim_ddp.plots import report
-from netsim_ddp.report import mode_table, straggler_cell
 from netsim_ddp.runner import ScenarioReport
+from netsim_ddp.tables import mode_table, straggler_cell
 from netsim_ddp.timeline import check_rows
 from netsim_ddp.workload.results import ModeResult, Straggler
 
