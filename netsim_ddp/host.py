@@ -498,6 +498,10 @@ class HostAgent:
         if message["background"] == "start":
             signals = message["signals"].replace(OUT_MARK, str(self.options.out_dir))
             self._start_traffic(control, index, Path(signals))
+        elif message["background"] == "stop-senders":
+            if self.traffic is not None:
+                self.traffic.stop_senders()
+            control.set(f"background/{index}/senders-stopped/{self.options.node_rank}", "")
         else:
             self._report_traffic(control, index)
 
@@ -665,6 +669,11 @@ class _HostsTraffic(contextlib.AbstractContextManager):
 
     def stop(self) -> BackgroundBytes:
         control, nnodes = self.control, self.agent.options.nnodes
+        index = self._phase({"background": "stop-senders"})  # everywhere, before any sink
+        control.wait_for([f"background/{index}/senders-stopped/{rank}" for rank in range(nnodes)],
+                         HEARTBEAT_TIMEOUT_S * 4, lambda missing: ", ".join(
+            control.describe(_rank_of(key)) for key in missing)
+            + " did not stop its background senders")
         index = self._phase({"background": "stop"})
         keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
         control.wait_for(keys, HEARTBEAT_TIMEOUT_S * 4, lambda missing: ", ".join(

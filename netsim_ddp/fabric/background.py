@@ -200,6 +200,8 @@ class _End:
     role: str
     process: subprocess.Popen
     report: Path
+    stopped: bool = False
+    died: bool = False  # it had exited before it was stopped
 
 
 class BackgroundTraffic:
@@ -283,12 +285,16 @@ class BackgroundTraffic:
         BackgroundError if an end died, exited non-zero or reported no counters."""
         return assemble(self.stop_ends())
 
+    def stop_senders(self) -> None:
+        """Stop the senders started here (their reports wait for stop_ends). With ends on
+        several hosts, every host stops its senders before any stops its sinks: a sink stopped
+        first resets its connection, and its sender would end on its own, as if it had died."""
+        _stop([end for end in self._running if end.kind == "sender"])
+
     def stop_ends(self) -> list[EndReport]:
         """Stop the ends started here; each one's report (see stop)."""
         running, self._running = self._running, []
-        died = [end for end in running if end.process.poll() is not None]
-        for end in sorted(running, key=lambda end: end.kind != "sender"):  # senders first
-            _terminate(end.process)
+        _stop(sorted(running, key=lambda end: end.kind != "sender"))  # senders first
         reports, missing = [], []
         for end in running:
             try:
@@ -303,7 +309,8 @@ class BackgroundTraffic:
             elif end.process.returncode not in (0, -signal.SIGTERM):
                 missing.append(self._why(end))
             reports.append(report)
-        problems = [self._why(end) + " had died before the end" for end in died] + missing
+        problems = [self._why(end) + " had died before the end"
+                    for end in running if end.died] + missing
         shutil.rmtree(self._reports, ignore_errors=True)
         if problems:
             raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
@@ -322,6 +329,13 @@ def _read_line(process: subprocess.Popen, role: str) -> str:
         raise BackgroundError(f"background {role} exited before it was ready "
                               f"(exit code {process.wait()})")
     return line
+
+
+def _stop(ends: list[_End]) -> None:
+    for end in ends:
+        if not end.stopped:
+            end.died, end.stopped = end.process.poll() is not None, True
+            _terminate(end.process)
 
 
 def _terminate(process: subprocess.Popen) -> None:
@@ -346,15 +360,22 @@ def _raise_stop(*_args) -> None:
 
 def _sink(address: str, report: Path) -> None:
     listener = socket.create_server((address, 0))
-    print(listener.getsockname()[1], flush=True)
     meter = None
     try:
+        print(listener.getsockname()[1], flush=True)
         conn, _ = listener.accept()
         meter = _WireMeter(conn)
         buffer = bytearray(_CHUNK)
-        while conn.recv_into(buffer):
-            meter.sample()
-    except (_Stop, ConnectionError):  # stopped, or the sender reset the connection first
+        with contextlib.suppress(ConnectionError):  # the sender reset it: stopped first
+            while conn.recv_into(buffer):
+                meter.sample()
+        meter.sample(force=True)
+        print("ended", flush=True)
+        # Wait to be stopped: on another host the sender may be stopped first, and an end
+        # that exits on its own is taken for one that died mid-run.
+        while True:
+            signal.pause()
+    except _Stop:
         pass
     if meter is None:
         _write_report(report, [])
@@ -367,9 +388,9 @@ def _send(address: str, port: int, flow: BackgroundFlow, report: Path,
     sock = socket.create_connection((address, port), timeout=30)
     sock.settimeout(None)
     meter = _WireMeter(sock)
-    print("ready", flush=True)
     windows: list[list] = []  # [mode, when its start was seen, when its end was seen]
     try:
+        print("ready", flush=True)  # inside: a stop right after it must still report
         if signals is None:
             _follow_schedule(sock, meter, flow, stopped=lambda: False)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,40 @@ def test_ends_that_report_are_accounted(tmp_path) -> None:
         ("sink in n1", "import time; time.sleep(30)", "[[1.0, 0], [2.0, 10]]")])
     traffic.check()
     assert traffic.stop().total == 110
+
+
+@dataclass(frozen=True)
+class _Loopback:
+    """A node for real flow ends on loopback (the project's own traffic only)."""
+
+    name: str
+    address: str = "127.0.0.1"
+
+    def popen(self, argv, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(list(argv), **kwargs)
+
+
+def test_a_sink_whose_sender_another_host_stopped_first_is_not_taken_for_dead() -> None:
+    """On several hosts each agent stops its own ends: senders everywhere first, then the rest
+    (netsim-ddp host). Before, a sink exited (code 0) as soon as the remote sender reset the
+    connection, and its agent then reported it as 'had died before the end' (seen in CI on the
+    three-host slow-node test)."""
+    flow = BackgroundFlow(source="n0", destination="n1", on="50ms", off="50ms",
+                          distribution="fixed", rate="10mbit", seed=1)
+    sink_host = BackgroundTraffic(None, [flow])
+    sender_host = BackgroundTraffic(None, [flow])
+    try:
+        port = sink_host.start_sink(0, _Loopback("n1"))
+        sender_host.start_sender(0, _Loopback("n0"), "127.0.0.1", port)
+        sender_host.stop_senders()
+        sink = sink_host._running[0].process
+        assert sink.stdout.readline().strip() == "ended"  # it saw the reset, and stays
+        (received,) = sink_host.stop_ends()
+        (sender,) = sender_host.stop_ends()
+    finally:
+        sink_host.stop_ends()
+        sender_host.stop_ends()
+    assert sender.points[-1][1] > 0 and received.points[-1][1] > 0
 
 
 def test_ends_from_several_hosts_assemble_flow_by_flow_senders_first() -> None:
