@@ -216,7 +216,9 @@ def test_a_sink_whose_sender_another_host_stopped_first_is_not_taken_for_dead() 
     finally:
         sink_host.stop_ends()
         sender_host.stop_ends()
-    assert sender.points[-1][1] > 0 and received.points[-1][1] > 0
+    # It reported its counters (stop_ends raised nothing). What it received may be 0: the
+    # sender closes with a reset (SO_LINGER 0), which drops whatever the sink had not read.
+    assert sender.points[-1][1] > 0 and received.points
 
 
 def test_ends_from_several_hosts_assemble_flow_by_flow_senders_first() -> None:
