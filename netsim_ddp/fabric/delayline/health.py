@@ -9,7 +9,7 @@ Its counters are judged per window (each mode's measured iterations) and for the
 - drops the scenario did not ask for (queue full, socket overflow, truncated frames) at most
   MAX_DROP_FRACTION of the frames received, and no transmit error;
 - lateness: the forwarder counts frames released more than `late_bound_s(delay)` after their
-  due time; at most LATE_FRACTION of them may be, i.e. the 99th percentile stays within it;
+  due time; at most LATE_FRACTION of them may be, i.e. the 98th percentile stays within it;
 - a link that carried training but shows no frame means the line is not in the path.
 Configured loss (`dropped_loss`) is what the scenario asked for and is not judged here.
 """
@@ -32,7 +32,10 @@ from . import DelayLineError
 # larger: a 500 us link whose frames leave a further 500 us late no longer is a 500 us link.
 LATE_FLOOR_S = 500e-6
 LATE_SHARE_OF_DELAY = 0.25
-LATE_FRACTION = 0.01  # at most 1% beyond the bound: the p99 stays within it
+# At most 2% beyond the bound: the p98 stays within it. Not 1%: on 2 vCPUs (AMD EPYC kind) a
+# mode's window of delayed.toml reached 1.0-1.4% in about 1 window in 10 while the run's p99
+# stayed near 100 us (README, "Delay line health").
+LATE_FRACTION = 0.02
 MAX_DROP_FRACTION = 1e-4  # unrequested drops per frame received
 SNAPSHOT_EVERY_S = 0.5  # how often a running forwarder is asked for its counters
 DROP_COUNTERS = ("dropped_queue_full", "dropped_socket", "dropped_truncated")
