@@ -34,7 +34,16 @@ from .scenario import Scenario
 from .schedule_checks import attach_link_states, schedule_checks
 from .signals import SIGNAL_DIR_ENV
 from .workload import ModeResult, RankSpec, WorkloadError, launch
-from .workload.collective import AllreduceProbe, busbw_samples, read_probe
+from .workload.collective import (
+    AGAIN,
+    TRAIN,
+    VERDICT_FILE,
+    AllreduceProbe,
+    attempt_dir,
+    busbw_samples,
+    read_probe,
+)
+from .workload.collective import RESULT_FILE as PROBE_RESULT_FILE
 from .workload.modes import BYTES_PER_ELEMENT, MODES, REFERENCE_MODE, get_mode, wire_ratio
 from .workload.nccl import TransportEvidence, rank_log_lines, verify_transport
 from .workload.window import NODE_ENV
@@ -324,7 +333,8 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
                                                       signals=signals),
             watch=lambda traffic: watchdog(fabric, traffic),
             scheduler=lambda schedule, signals: LinkScheduler(plan.nodes, plan.switch_netns,
-                                                              schedule, signals))
+                                                              schedule, signals),
+            gated_probe=True)
 
 
 class _NoTraffic(contextlib.AbstractContextManager):
@@ -344,50 +354,97 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                     traffic: Callable[[Path], Any] = lambda signals: _NoTraffic(),
                     watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
                     scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
+                    gated_probe: bool = False,
                     ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """The probe, then every mode, through `launcher`. None if the probe refused.
 
     `traffic` starts the background flows, `watch` turns them (None while probing) into the
-    launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot)."""
+    launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot).
+    `gated_probe`: the launcher's ranks may run the probe and wait for its verdict in the
+    training launch itself (_ProbeGate); else the probe gets launches of its own."""
     link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
+    probing: _ProbeAttempts | None = None
     # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport between
     # nodes, which must be verified before anything is measured.
     if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
-        fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
-                                     timeout_s, progress, watch(None), workload=workload,
-                                     attempts=None if scenario.fidelity.enabled else 1)
-        if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
-            return None
-        if scenario.fidelity.enabled:
-            report.fidelity = fidelity
-            trusted = fidelity.trusted
-            report.checks.append(Verdict("fidelity", trusted, fidelity.reason))
-            if not trusted and not allow_untrusted:
-                report.refused = fidelity.reason
+        if gated_probe and not nccl:
+            probing = _ProbeAttempts(scenario, workload)
+        else:
+            fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
+                                         timeout_s, progress, watch(None), workload=workload,
+                                         attempts=None if scenario.fidelity.enabled else 1)
+            if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
                 return None
-    progress(f"{scenario.name}: training {', '.join(workload.modes)} "
-             f"({workload.warmup} warm-up + {workload.iterations} measured iterations each)")
+            if scenario.fidelity.enabled and not _fidelity_judged(report, fidelity,
+                                                                  allow_untrusted):
+                return None
+    training = (f"{scenario.name}: training {', '.join(workload.modes)} ({workload.warmup} "
+                f"warm-up + {workload.iterations} measured iterations each)")
+    before = [CpuTimes.read()]
+
+    def on_train() -> None:  # the gated probe's verdict: train
+        assert probing is not None
+        _fidelity_judged(report, probing.fidelity, allow_untrusted)
+        before[0] = CpuTimes.read()
+        progress(training)
+
+    if probing is None:
+        progress(training)
     signals = out / "signals"
     signals.mkdir(parents=True)  # this run's own: an older run's files would replay
-    spec = RankSpec(workload=workload)
-    before = CpuTimes.read()
+    spec = RankSpec(workload=workload, allreduce_probe=probing.probe if probing else None,
+                    probe_gated=probing is not None)
+    timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps)
+                              + (probing.limit * probing.attempt_timeout_s if probing else 0))
     schedule = plan_schedule(scenario)
     if schedule and scheduler is None:
         raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
                             "launcher; remove it or run the scenario with `netsim-ddp run`")
     report.link_schedule = scheduler(schedule, signals) if schedule and scheduler else None
-    with traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
-        results = launcher(spec, out / "train",
-                           timeout_s or _training_timeout(scenario, workload, link_bps),
-                           profile=profile, env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
-                           watchdog=watch(flows))
-        report.host_load = CpuLoad.between(before, CpuTimes.read())
-        background = flows.stop()
+    try:
+        with traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
+            gate = (_ProbeGate(probing, out / "train", allow_untrusted, progress, on_train)
+                    if probing else None)
+            results = launcher(spec, out / "train", timeout_s, profile=profile,
+                               env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
+                               watchdog=_chained(gate, watch(flows)))
+            report.host_load = CpuLoad.between(before[0], CpuTimes.read())
+            background = flows.stop()
+    except _ProbeRefused:
+        assert probing is not None
+        _fidelity_judged(report, probing.fidelity, allow_untrusted)
+        report.link_schedule = None  # no mode ran: nothing was scheduled
+        return None
     if nccl and not _transport_verified(report, scenario, out / "train"):
         return None
     return results, background
+
+
+def _fidelity_judged(report: ScenarioReport, fidelity: CollectiveFidelity,
+                     allow_untrusted: bool) -> bool:
+    """Record the probe's verdict; False (the run refused) if the host cannot drive the links
+    and the run may not go on untrusted."""
+    report.fidelity = fidelity
+    report.checks.append(Verdict("fidelity", fidelity.trusted, fidelity.reason))
+    if not fidelity.trusted and not allow_untrusted:
+        report.refused = fidelity.reason
+        return False
+    return True
+
+
+def _chained(*checks: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One watchdog that calls each given one in turn (None if there are none)."""
+    present = [check for check in checks if check is not None]
+    if not present:
+        return None
+
+    def check_all() -> None:
+        for check in present:
+            check()
+
+    return check_all
 
 
 def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
@@ -604,38 +661,100 @@ def _check_background_followed(result: ModeResult, background: BackgroundBytes) 
                             f"window: {'; '.join(missed)}")
 
 
-def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,
-                      timeout_s: float | None, progress: Progress,
-                      watchdog: Callable[[], None] | None = None, *, workload=None,
-                      attempts: int | None = None) -> CollectiveFidelity:
-    """Attempt after attempt until one reaches fidelity.min_fraction or none are left.
-    `workload`: with the backend resolved (default: the scenario's)."""
-    workload = workload or scenario.workload
-    assert workload is not None  # only a training scenario is probed
-    size = min(max(params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-    dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
-    probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": dtypes})
-    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probe)
-    _, goodput = slowest_link_goodput(scenario)
-    world = scenario.topology.nodes * scenario.topology.ranks_per_node
-    ideal = ring_allreduce_lower_bound(size, world, goodput)
-    fidelity = CollectiveFidelity(size, world, [], goodput, scenario.fidelity.min_fraction)
-    attempts = attempts or scenario.fidelity.attempts
-    for attempt in range(attempts):
-        if attempt:
-            progress(f"{scenario.name}: all-reduce probe attempt {attempt + 1} of "
-                     f"{attempts} (so far {fidelity.fraction:.0%} of the link)")
-        attempt_out = out / f"attempt{attempt}"
-        launcher(spec, attempt_out, timeout_s or 90 + 20 * ideal * (probe.iterations + 1),
-                 watchdog=watchdog)
-        by_dtype, results = _probe_results(attempt_out, dtypes)
+class _ProbeAttempts:
+    """The all-reduce probe's attempts and their verdict: attempt after attempt until one
+    reaches fidelity.min_fraction or none are left. `workload`: with the backend resolved."""
+
+    def __init__(self, scenario: Scenario, workload, attempts: int | None = None):
+        size = min(max(workload.params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
+        self.dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
+        self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes})
+        _, goodput = slowest_link_goodput(scenario)
+        world = scenario.topology.nodes * scenario.topology.ranks_per_node
+        self.fidelity = CollectiveFidelity(size, world, [], goodput,
+                                           scenario.fidelity.min_fraction)
+        self.limit = attempts or scenario.fidelity.attempts
+        # Generous: every dtype's timed all-reduces (and warm-up) at 20x the ideal ring time.
+        ideal = ring_allreduce_lower_bound(size, world, goodput)
+        self.attempt_timeout_s = 20 * ideal * len(self.dtypes) * (
+            self.probe.warmup + self.probe.iterations)
+        self.name = scenario.name
+
+    def judge(self, attempt_out: Path) -> bool:
+        """Read one attempt's results into the fidelity; True once no attempt is to follow
+        (this one reached min_fraction, or went over the cap, or it was the last)."""
+        by_dtype, results = _probe_results(attempt_out, self.dtypes)
+        fidelity = self.fidelity
         fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
                                    if r.host_load), None)
         fidelity.dtype_bps.append(by_dtype)
         fidelity.attempts_bps.append(min(by_dtype.values()))
-        if fidelity.fraction >= fidelity.min_fraction:  # more attempts cannot undo an overshoot
+        # More attempts cannot undo an overshoot.
+        reached = fidelity.fraction >= fidelity.min_fraction
+        return reached or len(fidelity.attempts_bps) >= self.limit
+
+    def retrying(self) -> str:
+        return (f"{self.name}: all-reduce probe attempt {len(self.fidelity.attempts_bps) + 1} of "
+                f"{self.limit} (so far {self.fidelity.fraction:.0%} of the link)")
+
+
+def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,
+                      timeout_s: float | None, progress: Progress,
+                      watchdog: Callable[[], None] | None = None, *, workload=None,
+                      attempts: int | None = None) -> CollectiveFidelity:
+    """The probe in launches of its own, one per attempt (where the launcher cannot hold the
+    training back while the harness judges it: multi-host, and NCCL, whose transport is read
+    from the probe launch's finished logs). `workload`: with the backend resolved (default:
+    the scenario's); `params` is its size."""
+    workload = workload or scenario.workload
+    assert workload is not None  # only a training scenario is probed
+    workload = workload.model_copy(update={"params": params})
+    probing = _ProbeAttempts(scenario, workload, attempts)
+    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
+    for attempt in range(probing.limit):
+        if attempt:
+            progress(probing.retrying())
+        attempt_out = out / f"attempt{attempt}"
+        launcher(spec, attempt_out, timeout_s or 90 + probing.attempt_timeout_s,
+                 watchdog=watchdog)
+        if probing.judge(attempt_out):
             break
-    return fidelity
+    return probing.fidelity
+
+
+class _ProbeRefused(Exception):
+    """Raised from the launch's watchdog: the host cannot drive the links; the launch ends."""
+
+
+class _ProbeGate:
+    """The probe inside the training launch (RankSpec.probe_gated), one start-up instead of two:
+    called with the launch's watchdog, it judges each attempt as its results appear and tells
+    the ranks to probe again or to train, or ends the launch (_ProbeRefused) when the host
+    cannot drive the links and the run may not go on untrusted."""
+
+    def __init__(self, probing: _ProbeAttempts, launch_out: Path, allow_untrusted: bool,
+                 progress: Progress, on_train: Callable[[], None]):
+        self.probing, self.launch_out = probing, launch_out
+        self.allow_untrusted, self.progress, self.on_train = allow_untrusted, progress, on_train
+        self.attempt = 0
+        self.decided = False
+
+    def __call__(self) -> None:
+        if self.decided:
+            return
+        folder = attempt_dir(self.launch_out, self.attempt)
+        if not (folder / PROBE_RESULT_FILE).exists():
+            return
+        if not self.probing.judge(folder):
+            self.progress(self.probing.retrying())
+            (folder / VERDICT_FILE).write_text(AGAIN)
+            self.attempt += 1
+            return
+        self.decided = True
+        if not (self.probing.fidelity.trusted or self.allow_untrusted):
+            raise _ProbeRefused(self.probing.fidelity.reason)
+        self.on_train()
+        (folder / VERDICT_FILE).write_text(TRAIN)
 
 
 def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:

@@ -11,6 +11,7 @@ gradients no faster, and amp-fp16 would then measure the CPU, not the link.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,12 @@ from netsim_ddp.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.modes import WireDtype
 
 RESULT_FILE = "allreduce.json"
+# The probe inside the training launch (RankSpec.probe_gated): after each attempt the ranks wait
+# for the harness's verdict on it, a file in the attempt's folder: train, or probe again. A
+# refusal needs no word: the harness ends the launch.
+VERDICT_FILE = "verdict"
+TRAIN, AGAIN = "train", "again"
+VERDICT_POLL_S = 0.01
 
 
 class AllreduceProbe(BaseModel):
@@ -86,7 +93,46 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
             seconds=[max(column) for column in zip(*ranks, strict=True)],
             host_load=load.as_dict() if load else None))
     if dist.get_rank() == 0:
-        (out_dir / RESULT_FILE).write_bytes(_RESULTS.dump_json(results))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        partial = out_dir / f".{RESULT_FILE}.partial"
+        partial.write_bytes(_RESULTS.dump_json(results))
+        os.replace(partial, out_dir / RESULT_FILE)  # whole or absent: the harness polls for it
+
+
+def attempt_dir(out_dir: Path | str, attempt: int) -> Path:
+    """Where attempt `attempt` of a gated probe writes its results and gets its verdict."""
+    return Path(out_dir) / f"probe{attempt}"
+
+
+def run_gated_probe(probe: AllreduceProbe, out_dir: Path, timeout_s: float) -> None:
+    """Rank side of the probe inside the training launch: attempt after attempt until the
+    harness says train (it ends the launch instead when the host cannot drive the links)."""
+    attempt = 0
+    while True:
+        folder = attempt_dir(out_dir, attempt)
+        run_probe(probe, folder)
+        if _await_verdict(folder / VERDICT_FILE, timeout_s) == TRAIN:
+            return
+        attempt += 1
+
+
+def _await_verdict(path: Path, timeout_s: float) -> str:
+    """Rank 0 waits for the harness's verdict file and hands it to every rank."""
+    import torch.distributed as dist
+
+    verdict: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no verdict on the all-reduce probe in {path} within "
+                                   f"{timeout_s:g} s: is the harness that launched this alive?")
+            time.sleep(VERDICT_POLL_S)
+        verdict[0] = path.read_text().strip()
+        if verdict[0] not in (TRAIN, AGAIN):
+            raise RuntimeError(f"{path}: {verdict[0]!r} is no verdict ({TRAIN} or {AGAIN})")
+    dist.broadcast_object_list(verdict, src=0)
+    return str(verdict[0])
 
 
 _RESULTS = TypeAdapter(list[AllreduceResult])

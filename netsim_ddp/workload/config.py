@@ -124,6 +124,11 @@ class RankSpec(BaseModel):
         default=None,
         description="Time a bare all-reduce of this size before the modes (fidelity, busbw).",
     )
+    probe_gated: bool = Field(
+        default=False,
+        description="The probe inside the training launch: after each attempt wait for the "
+        "harness's verdict (collective.VERDICT_FILE) before probing again or training.",
+    )
     collective_timeout_s: float = Field(
         default=120.0,
         gt=0,

@@ -29,7 +29,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.gpus import local_device_index
-from netsim_ddp.workload.collective import run_probe
+from netsim_ddp.workload.collective import run_gated_probe, run_probe
 from netsim_ddp.workload.config import RankSpec, WorkloadConfig
 from netsim_ddp.workload.hooks import SentBytes
 from netsim_ddp.workload.loop import Trainer, measure, param_digest
@@ -146,7 +146,9 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
     dist.init_process_group(backend, timeout=timedelta(seconds=spec.collective_timeout_s),
                             device_id=device if device.type == "cuda" else None)
     try:
-        if spec.allreduce_probe is not None:
+        if spec.allreduce_probe is not None and spec.probe_gated:
+            run_gated_probe(spec.allreduce_probe, out_dir, spec.collective_timeout_s)
+        elif spec.allreduce_probe is not None:
             run_probe(spec.allreduce_probe, out_dir)
         for mode_name in spec.selected_modes():
             samples, params = run_mode(spec.workload, mode_name, device, profile_dir)

@@ -143,3 +143,47 @@ def test_a_probe_faster_than_the_link_is_refused_as_traffic_that_went_around_it(
     assert "this host cannot move" not in fidelity.reason
     within_burst = CollectiveFidelity(SIZE, 2, [1.04e9], 1e9, 0.9)
     assert within_burst.trusted  # a few percent over the cap is the bucket's burst
+
+
+def gate_for(sc, tmp_path, messages, trained):
+    probing = runner._ProbeAttempts(sc, sc.workload)
+    return runner._ProbeGate(probing, tmp_path, allow_untrusted=False,
+                             progress=messages.append, on_train=lambda: trained.append(True))
+
+
+def attempt_finished(tmp_path, attempt):
+    """What rank 0 leaves when an attempt is done (its results; read_probe is canned)."""
+    folder = runner.attempt_dir(tmp_path, attempt)
+    folder.mkdir(parents=True)
+    (folder / runner.PROBE_RESULT_FILE).write_text("[]")
+    return folder
+
+
+def test_the_probe_inside_the_training_launch_is_judged_attempt_by_attempt(canned, tmp_path):
+    """The gated probe (one launch for probe and modes): the ranks wait after each attempt
+    for a verdict file; the gate writes 'again' below min_fraction, 'train' once reached."""
+    canned(0.70, 0.97)
+    messages, trained = [], []
+    gate = gate_for(scenario(), tmp_path, messages, trained)
+    gate()  # nothing finished yet: no verdict, nothing read
+    assert not list(tmp_path.iterdir()) and not trained
+    first = attempt_finished(tmp_path, 0)
+    gate()
+    assert (first / runner.VERDICT_FILE).read_text() == runner.AGAIN and not trained
+    assert messages == ["probe: all-reduce probe attempt 2 of 3 (so far 70% of the link)"]
+    second = attempt_finished(tmp_path, 1)
+    gate()
+    assert (second / runner.VERDICT_FILE).read_text() == runner.TRAIN and trained == [True]
+    assert gate.probing.fidelity.trusted and gate.probing.fidelity.fraction == pytest.approx(0.97)
+    gate()  # decided: later calls change nothing
+    assert trained == [True] and not runner.attempt_dir(tmp_path, 2).exists()
+
+
+def test_a_gated_probe_that_falls_short_ends_the_launch_without_a_verdict(canned, tmp_path):
+    canned(0.44)
+    trained = []
+    gate = gate_for(scenario(attempts=1), tmp_path, [], trained)
+    folder = attempt_finished(tmp_path, 0)
+    with pytest.raises(runner._ProbeRefused, match="cannot move the workload's traffic"):
+        gate()
+    assert not (folder / runner.VERDICT_FILE).exists() and not trained

@@ -14,6 +14,15 @@ import pytest
 
 from conftest import LoopbackNode, live_processes_mentioning
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
+from netsim_ddp.workload.collective import (
+    AGAIN,
+    TRAIN,
+    VERDICT_FILE,
+    AllreduceProbe,
+    attempt_dir,
+    read_probe,
+)
+from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT
 from netsim_ddp.workload.launch import torchrun_argv
 from netsim_ddp.workload.results import ModeResult
 
@@ -27,16 +36,35 @@ TINY = dict(params="200k", batch_size=16, iterations=4, warmup=1, modes=ALL_MODE
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp(request.param)
     if request.param == "1node-x-2ranks":
-        nodes, per_node, extra = [LoopbackNode("n0")], 2, {}
+        nodes, per_node = [LoopbackNode("n0")], 2
+        spec = RankSpec(workload=WorkloadConfig(**TINY))
+        watchdog = None
     else:  # two "nodes" on one address: different node ranks, same master
-        nodes, per_node, extra = (
-            [LoopbackNode("n0"), LoopbackNode("n1")],
-            1,
-            {"grad_accumulation": 2},
-        )
-    spec = RankSpec(workload=WorkloadConfig(**{**TINY, **extra}))
-    results = launch(nodes, spec, out, timeout_s=120, ranks_per_node=per_node, socket_ifname="lo")
-    return {"results": results, "out": out, "spec": spec}
+        nodes, per_node = [LoopbackNode("n0"), LoopbackNode("n1")], 1
+        # and the probe inside the launch, as `run` starts it: verdicts "again", then "train"
+        spec = RankSpec(workload=WorkloadConfig(**TINY, grad_accumulation=2),
+                        allreduce_probe=AllreduceProbe(size_bytes=2**20, iterations=2),
+                        probe_gated=True)
+        watchdog = _verdicts(out, [AGAIN, TRAIN])
+    results = launch(nodes, spec, out, timeout_s=120, ranks_per_node=per_node,
+                     socket_ifname="lo", watchdog=watchdog)
+    return {"results": results, "out": out, "spec": spec, "watchdog": watchdog}
+
+
+def _verdicts(out: Path, verdicts: list[str]):
+    """A harness's side of the gated probe: each attempt, once its results are there, gets
+    the next verdict, and the monotonic time it was given."""
+    given: list[float] = []
+
+    def watchdog() -> None:
+        attempt = len(given)
+        folder = attempt_dir(out, attempt)
+        if attempt < len(verdicts) and (folder / PROBE_RESULT).exists():
+            (folder / VERDICT_FILE).write_text(verdicts[attempt])
+            given.append(time.monotonic())
+
+    watchdog.given = given  # type: ignore[attr-defined]
+    return watchdog
 
 
 def test_every_mode_has_a_result(run: dict) -> None:
@@ -49,6 +77,22 @@ def test_every_mode_has_a_result(run: dict) -> None:
         assert len(result.iteration_s) == len(result.compute_s) == len(result.comm_s) == 4
         assert sorted(r.rank for r in result.ranks) == [0, 1]
         assert all(len(r.loss) == 4 for r in result.ranks)
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize("run", ["2nodes-x-1rank"], indirect=True)  # the launch with the probe
+def test_the_gated_probe_waits_for_each_verdict_before_probing_again_or_training(
+        run: dict) -> None:
+    first, second = attempt_dir(run["out"], 0), attempt_dir(run["out"], 1)
+    assert [r.world_size for r in read_probe(first)] == [2]  # attempt 1, then "again"
+    assert (first / VERDICT_FILE).read_text() == AGAIN
+    assert (second / VERDICT_FILE).read_text() == TRAIN
+    assert not attempt_dir(run["out"], 2).exists()  # "train" ended the probing
+    assert (second / PROBE_RESULT).stat().st_mtime <= (second / VERDICT_FILE).stat().st_mtime
+    # no mode measured anything before the harness said train (one clock: one host)
+    said_train = run["watchdog"].given[1]
+    assert all(min(result.started_monotonic) > said_train
+               for result in run["results"].values())
 
 
 def test_only_a_compression_hook_halves_the_bytes(run: dict) -> None:
