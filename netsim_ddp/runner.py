@@ -37,10 +37,10 @@ from .workload import ModeResult, RankSpec, WorkloadError, launch
 from .workload.collective import (
     AGAIN,
     TRAIN,
-    VERDICT_FILE,
     AllreduceProbe,
     attempt_dir,
     busbw_samples,
+    give_verdict,
     read_probe,
 )
 from .workload.collective import RESULT_FILE as PROBE_RESULT_FILE
@@ -747,14 +747,14 @@ class _ProbeGate:
             return
         if not self.probing.judge(folder):
             self.progress(self.probing.retrying())
-            (folder / VERDICT_FILE).write_text(AGAIN)
+            give_verdict(folder, AGAIN)
             self.attempt += 1
             return
         self.decided = True
         if not (self.probing.fidelity.trusted or self.allow_untrusted):
             raise _ProbeRefused(self.probing.fidelity.reason)
         self.on_train()
-        (folder / VERDICT_FILE).write_text(TRAIN)
+        give_verdict(folder, TRAIN)
 
 
 def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:

@@ -104,6 +104,14 @@ def attempt_dir(out_dir: Path | str, attempt: int) -> Path:
     return Path(out_dir) / f"probe{attempt}"
 
 
+def give_verdict(folder: Path, verdict: str) -> None:
+    """Harness side: tell the ranks waiting after this attempt to probe again or to train (in
+    one step: rank 0 never reads half a word)."""
+    partial = folder / f".{VERDICT_FILE}.partial"
+    partial.write_text(verdict)
+    os.replace(partial, folder / VERDICT_FILE)
+
+
 def run_gated_probe(probe: AllreduceProbe, out_dir: Path, timeout_s: float) -> None:
     """Rank side of the probe inside the training launch: attempt after attempt until the
     harness says train (it ends the launch instead when the host cannot drive the links)."""

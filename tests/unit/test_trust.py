@@ -9,7 +9,7 @@ import pytest
 from netsim_ddp import Scenario, runner
 from netsim_ddp.metrics import bus_bandwidth
 from netsim_ddp.runner import CollectiveFidelity
-from netsim_ddp.workload.collective import AllreduceResult
+from netsim_ddp.workload.collective import VERDICT_FILE, AllreduceResult
 
 SIZE = 8 * 2**20
 
@@ -169,11 +169,11 @@ def test_the_probe_inside_the_training_launch_is_judged_attempt_by_attempt(canne
     assert not list(tmp_path.iterdir()) and not trained
     first = attempt_finished(tmp_path, 0)
     gate()
-    assert (first / runner.VERDICT_FILE).read_text() == runner.AGAIN and not trained
+    assert (first / VERDICT_FILE).read_text() == runner.AGAIN and not trained
     assert messages == ["probe: all-reduce probe attempt 2 of 3 (so far 70% of the link)"]
     second = attempt_finished(tmp_path, 1)
     gate()
-    assert (second / runner.VERDICT_FILE).read_text() == runner.TRAIN and trained == [True]
+    assert (second / VERDICT_FILE).read_text() == runner.TRAIN and trained == [True]
     assert gate.probing.fidelity.trusted and gate.probing.fidelity.fraction == pytest.approx(0.97)
     gate()  # decided: later calls change nothing
     assert trained == [True] and not runner.attempt_dir(tmp_path, 2).exists()
@@ -186,4 +186,4 @@ def test_a_gated_probe_that_falls_short_ends_the_launch_without_a_verdict(canned
     folder = attempt_finished(tmp_path, 0)
     with pytest.raises(runner._ProbeRefused, match="cannot move the workload's traffic"):
         gate()
-    assert not (folder / runner.VERDICT_FILE).exists() and not trained
+    assert not (folder / VERDICT_FILE).exists() and not trained

@@ -20,6 +20,7 @@ from netsim_ddp.workload.collective import (
     VERDICT_FILE,
     AllreduceProbe,
     attempt_dir,
+    give_verdict,
     read_probe,
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT
@@ -60,7 +61,7 @@ def _verdicts(out: Path, verdicts: list[str]):
         attempt = len(given)
         folder = attempt_dir(out, attempt)
         if attempt < len(verdicts) and (folder / PROBE_RESULT).exists():
-            (folder / VERDICT_FILE).write_text(verdicts[attempt])
+            give_verdict(folder, verdicts[attempt])
             given.append(time.monotonic())
 
     watchdog.given = given  # type: ignore[attr-defined]
