@@ -160,7 +160,10 @@ def test_netem_applies_delay_where_the_kernel_has_it(capabilities):
 
 
 HOLDER = textwrap.dedent("""
-    import json, sys
+    import json, signal, sys
+    # Ctrl-C must reach it as KeyboardInterrupt even where the tests run as a background job
+    # (SIGINT then starts ignored, and Python keeps it so)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from netsim_ddp import Scenario
     from netsim_ddp.fabric import Fabric
     scenario = Scenario.from_dict({"name": "h", "topology": {"nodes": 2},

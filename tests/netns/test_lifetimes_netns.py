@@ -20,6 +20,9 @@ pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 # workers), in n1 a child that ignores SIGTERM and says so in a file when it gets one.
 HOLDER = textwrap.dedent("""
     import json, signal, sys
+    # Ctrl-C must reach it as KeyboardInterrupt even where the tests run as a background job
+    # (SIGINT then starts ignored, and Python keeps it so)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from netsim_ddp import Scenario
     from netsim_ddp.fabric import Fabric
     scenario = Scenario.from_dict({"name": "h", "topology": {"nodes": 2},
