@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .document import MachineInfo, content_digest, machine_warning, utc_now
+from .files import write_whole
 from .gate import Tolerance, Verdict, regression_verdict
 from .metrics import statistic
 from .runner import ScenarioReport
@@ -88,10 +89,7 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(document, indent=1))
-    temporary.rename(path)  # never a half-written baseline
-    return path
+    return write_whole(path, json.dumps(document, indent=1))  # never a half-written baseline
 
 
 @dataclass(frozen=True)

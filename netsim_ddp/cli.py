@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from .files import write_whole
 from .scenario import Scenario, ScenarioError
 from .units import format_duration, format_rate, format_size
 
@@ -79,10 +80,7 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
     if target == "-":
         click.echo(text)
         return
-    path = Path(target)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text + "\n")
-    temporary.replace(path)  # never a half-written results file
+    write_whole(target, text + "\n")  # never a half-written results file
     if not quiet:
         err.print(f"wrote {target}")
 

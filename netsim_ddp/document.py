@@ -36,6 +36,8 @@ from pydantic import (
     model_validator,
 )
 
+from .files import write_whole
+
 SCHEMA_VERSION = 2
 LEGACY_VERSION = 1  # documents written before `version` existed
 
@@ -610,10 +612,7 @@ def save(document: ResultsDocument, path: str | Path) -> Path:
     """Write atomically: a reader never sees half a document."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(document.to_json() + "\n")
-    temporary.replace(path)
-    return path
+    return write_whole(path, document.to_json() + "\n")
 
 
 __all__ = [

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..clock import job_clock
+from ..files import write_whole
 from ..scenario import BackgroundFlow
 from ..signals import new_window, window_ended
 from ..units import ETHERNET_HEADER, TCP_IP_HEADERS
@@ -151,9 +152,7 @@ def _write_report(report: Path, points: list[tuple[float, int]],
                   windows: list[list] | None = None) -> None:
     """{"points": [[job clock s, bytes]...], "windows": [[mode, start, end]...] (senders
     following signals) or null}."""
-    partial = report.with_suffix(".partial")
-    partial.write_text(json.dumps({"points": points, "windows": windows}))
-    partial.rename(report)  # whole or absent, never half-written
+    write_whole(report, json.dumps({"points": points, "windows": windows}))
 
 
 class BackgroundError(FabricError):

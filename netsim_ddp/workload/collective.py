@@ -11,13 +11,13 @@ gradients no faster, and amp-fp16 would then measure the CPU, not the link.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from netsim_ddp.files import write_whole
 from netsim_ddp.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.modes import WireDtype
 
@@ -94,9 +94,7 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
             host_load=load.as_dict() if load else None))
     if dist.get_rank() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        partial = out_dir / f".{RESULT_FILE}.partial"
-        partial.write_bytes(_RESULTS.dump_json(results))
-        os.replace(partial, out_dir / RESULT_FILE)  # whole or absent: the harness polls for it
+        write_whole(out_dir / RESULT_FILE, _RESULTS.dump_json(results))  # the harness polls
 
 
 def attempt_dir(out_dir: Path | str, attempt: int) -> Path:
@@ -107,9 +105,7 @@ def attempt_dir(out_dir: Path | str, attempt: int) -> Path:
 def give_verdict(folder: Path, verdict: str) -> None:
     """Harness side: tell the ranks waiting after this attempt to probe again or to train (in
     one step: rank 0 never reads half a word)."""
-    partial = folder / f".{VERDICT_FILE}.partial"
-    partial.write_text(verdict)
-    os.replace(partial, folder / VERDICT_FILE)
+    write_whole(folder / VERDICT_FILE, verdict)
 
 
 def run_gated_probe(probe: AllreduceProbe, out_dir: Path, timeout_s: float) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from netsim_ddp.files import write_whole
 from netsim_ddp.workload.intervals import union_length
 
 SCHEMA_VERSION = 1
@@ -211,8 +212,4 @@ def read_result(path: Path | str) -> ModeResult:
 
 def write_result(out_dir: Path | str, result: ModeResult) -> Path:
     """Write atomically (tmp + rename) so a reader never sees half a file."""
-    path = result_path(out_dir, result.mode)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(result.model_dump_json(indent=1))
-    tmp.replace(path)
-    return path
+    return write_whole(result_path(out_dir, result.mode), result.model_dump_json(indent=1))

@@ -31,7 +31,7 @@ def test_attempts_go_on_until_the_harness_says_train(tmp_path: Path) -> None:
     run_gated_probe(TINY_PROBE, tmp_path, timeout_s=5)
     assert all((attempt_dir(tmp_path, n) / RESULT_FILE).is_file() for n in range(3))
     assert not attempt_dir(tmp_path, 3).exists()
-    assert not list(tmp_path.rglob("*.partial"))  # written whole, then renamed
+    assert not list(tmp_path.rglob("*.tmp"))  # written whole, then renamed
 
 
 def test_a_word_that_is_no_verdict_is_an_error_naming_the_file(tmp_path: Path) -> None:
