@@ -372,8 +372,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
         if gated_probe and not nccl:
             probing = _ProbeAttempts(scenario, workload)
         else:
-            fidelity = _probe_collective(launcher, scenario, workload.params, out / "probe",
-                                         timeout_s, progress, watch(None), workload=workload,
+            fidelity = _probe_collective(launcher, scenario, out / "probe", timeout_s,
+                                         progress, watch(None), workload=workload,
                                          attempts=None if scenario.fidelity.enabled else 1)
             if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
                 return None
@@ -382,12 +382,13 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                 return None
     training = (f"{scenario.name}: training {', '.join(workload.modes)} ({workload.warmup} "
                 f"warm-up + {workload.iterations} measured iterations each)")
-    before = [CpuTimes.read()]
+    before = CpuTimes.read()
 
     def on_train() -> None:  # the gated probe's verdict: train
+        nonlocal before
         assert probing is not None
         _fidelity_judged(report, probing.fidelity, allow_untrusted)
-        before[0] = CpuTimes.read()
+        before = CpuTimes.read()
         progress(training)
 
     if probing is None:
@@ -410,7 +411,7 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
             results = launcher(spec, out / "train", timeout_s, profile=profile,
                                env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
                                watchdog=_chained(gate, watch(flows)))
-            report.host_load = CpuLoad.between(before[0], CpuTimes.read())
+            report.host_load = CpuLoad.between(before, CpuTimes.read())
             background = flows.stop()
     except _ProbeRefused:
         assert probing is not None
@@ -698,17 +699,16 @@ class _ProbeAttempts:
                 f"{self.limit} (so far {self.fidelity.fraction:.0%} of the link)")
 
 
-def _probe_collective(launcher: Launcher, scenario: Scenario, params: int, out: Path,
+def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
                       timeout_s: float | None, progress: Progress,
                       watchdog: Callable[[], None] | None = None, *, workload=None,
                       attempts: int | None = None) -> CollectiveFidelity:
     """The probe in launches of its own, one per attempt (where the launcher cannot hold the
     training back while the harness judges it: multi-host, and NCCL, whose transport is read
     from the probe launch's finished logs). `workload`: with the backend resolved (default:
-    the scenario's); `params` is its size."""
+    the scenario's)."""
     workload = workload or scenario.workload
     assert workload is not None  # only a training scenario is probed
-    workload = workload.model_copy(update={"params": params})
     probing = _ProbeAttempts(scenario, workload, attempts)
     spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
     for attempt in range(probing.limit):
@@ -736,19 +736,18 @@ class _ProbeGate:
                  progress: Progress, on_train: Callable[[], None]):
         self.probing, self.launch_out = probing, launch_out
         self.allow_untrusted, self.progress, self.on_train = allow_untrusted, progress, on_train
-        self.attempt = 0
         self.decided = False
 
     def __call__(self) -> None:
         if self.decided:
             return
-        folder = attempt_dir(self.launch_out, self.attempt)
+        # the next attempt to judge: one per attempt judged so far
+        folder = attempt_dir(self.launch_out, len(self.probing.fidelity.attempts_bps))
         if not (folder / PROBE_RESULT_FILE).exists():
             return
         if not self.probing.judge(folder):
             self.progress(self.probing.retrying())
             give_verdict(folder, AGAIN)
-            self.attempt += 1
             return
         self.decided = True
         if not (self.probing.fidelity.trusted or self.allow_untrusted):

@@ -56,7 +56,7 @@ def probe(sc, tmp_path, messages=None):
         return runner.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
 
     progress = (messages.append if messages is not None else lambda message: None)
-    return runner._probe_collective(on_two_nodes, sc, sc.workload.params, tmp_path, None,
+    return runner._probe_collective(on_two_nodes, sc, tmp_path, None,
                                     progress)
 
 
