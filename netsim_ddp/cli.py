@@ -15,6 +15,7 @@ from rich.table import Table
 
 from . import __version__
 from .files import write_whole
+from .options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S, SESSION_OPTIONS
 from .scenario import Scenario, ScenarioError
 from .units import format_duration, format_rate, format_size
 
@@ -88,7 +89,6 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
 def _session_options(*names: str):
     """The session options (session.SESSION_OPTIONS, which pytest takes too) named, as click
     options of a command."""
-    from .options import SESSION_OPTIONS
 
     def decorate(command):
         for name in reversed(names):
@@ -427,13 +427,18 @@ def _print_report(human: Console, report) -> None:
 @click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
               help="Seconds before hung ranks are killed.")
 @click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
-              default=300.0, show_default=True, help="Seconds to wait for every host to arrive.")
+              default=JOIN_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for every host to arrive.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=FiniteFloat(positive=True),
+              default=HEARTBEAT_TIMEOUT_S, show_default=True,
+              help="Seconds a host may stay silent before the run ends naming it as gone.")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
 @_session_options("allow-untrusted")
 @_gate_options
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
-         timeout_s: float | None, join_timeout_s: float, no_ingress: bool,
+         timeout_s: float | None, join_timeout_s: float, heartbeat_timeout_s: float,
+         no_ingress: bool,
          allow_untrusted: bool, baseline: str | None, save_baseline: str | None,
          tolerances: tuple[str, ...], alpha: float) -> None:
     """Be one host of a scenario on a real cluster: run once per host (srun, a Kubernetes
@@ -461,7 +466,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
         # A folder of this agent's own, as for `run`: a reused --out never replays old files.
         out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
-        join_timeout_s=join_timeout_s, allow_untrusted=allow_untrusted, ingress=not no_ingress)
+        join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        allow_untrusted=allow_untrusted, ingress=not no_ingress)
     human = _human(json_out)
     try:
         outcome = run_host(options, progress=lambda message: err.print(escape(message)))

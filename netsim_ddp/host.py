@@ -59,6 +59,7 @@ from .fabric.core import signals_raise
 from .fabric.netns import libc
 from .fabric.nic import JOB_ENV, NicRestoreError, ShapedNic, check_nic, inspect_nic
 from .fabric.own_link import NIC_ENV
+from .options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
 from .runner import ScenarioReport, finish_report, probe_and_train
 from .scenario import Scenario
 from .signals import SIGNAL_DIR_ENV
@@ -66,8 +67,10 @@ from .units import format_rate
 from .workload import ModeResult, RankSpec, WorkloadError
 from .workload.launch import (
     RANK_MODULE,
+    agent_module,
     failure_report,
     kill_all,
+    looks_like_echo,
     rank_env,
     rank_errors,
     read_results,
@@ -76,7 +79,6 @@ from .workload.launch import (
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
 HEARTBEAT_S = 1.0
-HEARTBEAT_TIMEOUT_S = 15.0  # a host silent this long is gone
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1
 OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
@@ -103,9 +105,15 @@ class HostOptions:
     out_dir: Path
     iterations: int | None = None
     timeout_s: float | None = None
-    join_timeout_s: float = 300.0
+    join_timeout_s: float = JOIN_TIMEOUT_S
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     allow_untrusted: bool = False
     ingress: bool = True
+
+    @property
+    def reply_timeout_s(self) -> float:
+        """How long node 0 waits for every host's word on a phase: a few heartbeat timeouts."""
+        return 4 * self.heartbeat_timeout_s
 
     @property
     def node_name(self) -> str:
@@ -219,7 +227,7 @@ class Control:
         self._beater.start()
 
     def silent(self) -> list[int]:
-        """Nodes whose heartbeat has not moved for HEARTBEAT_TIMEOUT_S: gone."""
+        """Nodes whose heartbeat has not moved for --heartbeat-timeout: gone."""
         now, gone = time.monotonic(), []
         for rank in self.hellos:
             if rank == self.options.node_rank:
@@ -229,7 +237,7 @@ class Control:
             last = self._beats.get(rank)
             if last is None or count != last[0]:
                 self._beats[rank] = (count, now)
-            elif now - last[1] > HEARTBEAT_TIMEOUT_S:
+            elif now - last[1] > self.options.heartbeat_timeout_s:
                 gone.append(rank)
         return gone
 
@@ -238,7 +246,8 @@ class Control:
         gone = self.silent()
         if gone:
             reason = (f"{self.describe(gone[0])} stopped answering for "
-                      f"{HEARTBEAT_TIMEOUT_S:g} s: its agent died or its host went away")
+                      f"{self.options.heartbeat_timeout_s:g} s: its agent died or its host went "
+                      "away")
             self.abort(reason)
             raise HostError(reason)
 
@@ -566,7 +575,7 @@ class HostAgent:
         logs.mkdir(parents=True, exist_ok=True)
         spec_path = out / "spec.json"
         spec_path.write_text(phase.spec)
-        argv = [sys.executable, "-m", "torch.distributed.run",
+        argv = [sys.executable, "-P", "-m", agent_module(RankSpec.model_validate_json(phase.spec)),
                 "--nnodes", str(options.nnodes),
                 "--nproc-per-node", str(options.scenario.topology.ranks_per_node),
                 "--rdzv-backend", "c10d",
@@ -611,7 +620,7 @@ class HostAgent:
             control.set(f"files/{phase.index}/{name}", (out / name).read_bytes())
         control.set(f"status/{phase.index}/{options.node_rank}", json.dumps({"files": files}))
         control.wait_for([f"status/{phase.index}/{rank}" for rank in range(options.nnodes)],
-                         HEARTBEAT_TIMEOUT_S * 4,
+                         options.reply_timeout_s,
                          lambda missing: f"phase {phase.index}: no word from "
                          + ", ".join(control.describe(_rank_of(key)) for key in missing))
         for rank in range(options.nnodes):  # results land where the rendezvous put rank 0
@@ -627,10 +636,10 @@ class HostAgent:
         stamps = [stamp for stamp, *_ in rank_errors(logs, self._node())]
         control.set(f"failed/{options.node_rank}",
                     json.dumps({"time": min(stamps, default=int(time.time())),
-                                "echo": _looks_like_echo(failure), "report": failure}))
+                                "echo": looks_like_echo(failure), "report": failure}))
         keys = [f"failed/{rank}" for rank in range(options.nnodes)]
         with contextlib.suppress(HostError):  # the grace ran out: decide with what we have
-            control.wait_for(keys, HEARTBEAT_TIMEOUT_S + 2 * HEARTBEAT_S, lambda _: "")
+            control.wait_for(keys, options.heartbeat_timeout_s + 2 * HEARTBEAT_S, lambda _: "")
         failures = sorted(
             (entry["echo"], entry["time"], rank, entry["report"])
              for rank in range(options.nnodes) if control.has(f"failed/{rank}")
@@ -671,12 +680,12 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         control, nnodes = self.control, self.agent.options.nnodes
         index = self._phase({"background": "stop-senders"})  # everywhere, before any sink
         control.wait_for([f"background/{index}/senders-stopped/{rank}" for rank in range(nnodes)],
-                         HEARTBEAT_TIMEOUT_S * 4, lambda missing: ", ".join(
+                         self.agent.options.reply_timeout_s, lambda missing: ", ".join(
             control.describe(_rank_of(key)) for key in missing)
             + " did not stop its background senders")
         index = self._phase({"background": "stop"})
         keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
-        control.wait_for(keys, HEARTBEAT_TIMEOUT_S * 4, lambda missing: ", ".join(
+        control.wait_for(keys, self.agent.options.reply_timeout_s, lambda missing: ", ".join(
             control.describe(_rank_of(key)) for key in missing)
             + " did not report its background flows")
         ends, errors = [], []
@@ -696,13 +705,6 @@ def _says(message: str) -> Callable[[list[str]], str]:
 
 def _rank_of(key: str) -> int:
     return int(key.rsplit("/", 1)[1])
-
-
-def _looks_like_echo(failure: str) -> bool:
-    """A rank that failed only because a peer went away (not a cause of its own)."""
-    echoes = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused",
-              "SIGTERM", "Signals.SIGKILL", "Socket Timeout", "timed out")
-    return any(echo in failure for echo in echoes)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 DEFAULT_ALPHA = 0.05
+# `netsim-ddp host`: how long to wait for every host to arrive, and for a silent one's heartbeat
+JOIN_TIMEOUT_S = 300.0
+HEARTBEAT_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)

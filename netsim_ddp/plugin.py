@@ -146,16 +146,15 @@ class ScenarioItem(pytest.Item):
 
     def runtest(self) -> None:
         session = self.config.stash[_SESSION]
+        measured = self.config.stash[_RUNS].get(self.scenario.model_dump_json())
         if self.scenario.sweep is not None:
-            sweep = session.run_sweep(self.scenario)
+            sweep = session.run_sweep(self.scenario) if measured is None else measured
             if sweep.status == "refused":
                 pytest.skip(f"{self.scenario.name}: refused: " + "; ".join(sweep.refusals))
             if not sweep.passed:
                 raise ScenarioFailure(session.sweep_failure_text(sweep))
             return
-        report = self.config.stash[_RUNS].get(self.scenario.model_dump_json())
-        if report is None:
-            report = session.run(self.scenario)
+        report = session.run(self.scenario) if measured is None else measured
         self.user_properties.extend(session.properties(report))
         if report.status == "refused":
             pytest.skip(f"{self.scenario.name}: refused: {report.refused}")
@@ -217,15 +216,19 @@ def fabric(scenario: Scenario) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def netsim_run(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """Run a scenario's training (its file, dict or Scenario) with this session's options;
-    returns the ScenarioReport (modes, checks, status). A run without overrides is the one its
-    scenario file's item would make: that item reports it rather than measure it again."""
+    returns the ScenarioReport (modes, checks, status), or for a scenario with a [sweep] the
+    SweepReport (its points, fit, hold-out). A run without overrides is the one its scenario
+    file's item would make: that item reports it rather than measure it again."""
     session = request.config.stash[_SESSION]
 
     def run(source: Scenario | str | Path | dict[str, Any], **kwargs: Any) -> Any:
         _skip_unless_buildable()
         scenario = _as_scenario(source)
-        report = session.run(scenario, **kwargs)
-        if not kwargs and scenario.sweep is None:
+        if scenario.sweep is not None:
+            report = session.run_sweep(scenario, **kwargs)
+        else:
+            report = session.run(scenario, **kwargs)
+        if not kwargs:
             request.config.stash[_RUNS][scenario.model_dump_json()] = report
         return report
 

@@ -30,6 +30,7 @@ from netsim_ddp.workload.config import RankSpec
 from netsim_ddp.workload.results import ModeResult, read_result, result_path
 
 RANK_MODULE = "netsim_ddp.workload.rank"
+AGENT_MODULE = "netsim_ddp.workload.agent"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding netsim_ddp/
 TAIL_LINES = 40
 KILL_WAIT_S = 10.0
@@ -58,6 +59,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def forks_ranks(spec: RankSpec) -> bool:
+    """Whether a node's ranks are forked from its agent (agent.py): for gloo ranks on the CPU
+    only, since CUDA does not survive a fork ('auto' may mean CUDA)."""
+    return spec.workload.backend == "gloo"
+
+
+def agent_module(spec: RankSpec) -> str:
+    """What each node runs as `python -P -m MODULE TORCHRUN-OPTIONS`."""
+    return AGENT_MODULE if forks_ranks(spec) else "torch.distributed.run"
+
+
 def torchrun_argv(
     *,
     nnodes: int,
@@ -70,10 +82,11 @@ def torchrun_argv(
     log_dir: Path | str,
     profile_dir: Path | str | None = None,
     python: str = sys.executable,
+    agent: str = "torch.distributed.run",
 ) -> list[str]:
-    """The command line for one node's torchrun."""
+    """The command line for one node's torchrun (or `agent`: agent_module)."""
     argv = [
-        python, "-P", "-m", "torch.distributed.run",  # -P: never import from the cwd
+        python, "-P", "-m", agent,  # -P: never import from the cwd
         "--nnodes", str(nnodes),
         "--nproc-per-node", str(nproc_per_node),
         "--node-rank", str(node_rank),
@@ -160,6 +173,7 @@ def launch(
                 out_dir=out,
                 log_dir=logs / node.name,
                 profile_dir=out if profile else None,
+                agent=agent_module(spec),
             )
             # A file, not a pipe: nobody reads while waiting, and a full pipe would block it.
             output = stack.enter_context(open(logs / f"{node.name}.torchrun.log", "wb"))
@@ -236,22 +250,30 @@ def rank_errors(logs: Path, node: Node) -> list[tuple[int, str, Path]]:
     return found
 
 
+def looks_like_echo(failure: str) -> bool:
+    """A rank that failed only because a peer went away (not a cause of its own)."""
+    echoes = ("closed by peer", "reset by peer", "Broken pipe", "Connection refused",
+              "SIGTERM", "Signals.SIGKILL", "Socket Timeout", "timed out")
+    return any(echo in failure for echo in echoes)
+
+
 def failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) -> str:
     """Which rank failed first and the tail of its stderr; else every node's output.
 
     When one rank dies, ranks on other nodes fail soon after ("connection closed by peer"),
-    so the root cause is the earliest error file (as torchrun does for its own workers);
-    ties (whole seconds) go to the node whose torchrun exited first.
+    so the root cause is an error of its own before any echo of a peer's, then the earliest
+    error file (as torchrun does for its own workers); ties (whole seconds) go to the node
+    whose torchrun exited first.
     """
     order = {index: position for position, index in enumerate(failed)}
     errors = sorted(
-        (stamp, order.get(index, len(nodes)), index, message, rank_dir)
+        (looks_like_echo(message), stamp, order.get(index, len(nodes)), index, message, rank_dir)
         for index, node in enumerate(nodes)
         for stamp, message, rank_dir in rank_errors(logs, node)
     )
     if errors:
-        _, _, index, message, rank_dir = errors[0]
-        others = "".join(f"\nalso failed: node {nodes[e[2]].name}: {e[3]}" for e in errors[1:])
+        *_, index, message, rank_dir = errors[0]
+        others = "".join(f"\nalso failed: node {nodes[e[3]].name}: {e[4]}" for e in errors[1:])
         return (
             f"node {nodes[index].name} failed first: {message}{others}\n"
             f"{rank_dir / 'stderr.log'}:\n{_tail(rank_dir / 'stderr.log')}"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp.fabric import naming
+from netsim_ddp.workload.launch import AGENT_MODULE, RANK_MODULE
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 
@@ -94,9 +95,12 @@ def test_sigkill_of_run_mid_training_leaves_no_process_alive_after_a_second(tmp_
         run_id = latest.resolve().name.removeprefix("run-")
         processes = marked_processes(run_id)
         commands = " ".join(processes.values())
-        for part in ("torch.distributed.run", "netsim_ddp.workload.rank", "nsd-delayline",
-                     "netsim_ddp.fabric.background send", "netsim_ddp.fabric.background sink"):
+        for part in ("nsd-delayline", "netsim_ddp.fabric.background send",
+                     "netsim_ddp.fabric.background sink"):
             assert part in commands, (part, processes)
+        # each node's agent and the rank it forked (same command line): 2 nodes x 1 rank
+        agents = [c for c in processes.values() if f"-m {AGENT_MODULE} " in c]
+        assert len(agents) == 4 and all(f"-m {RANK_MODULE} " in c for c in agents), processes
         harness.kill()
         killed_at = time.monotonic()
         harness.wait(timeout=10)

@@ -182,8 +182,10 @@ def test_a_killed_agent_ends_the_run_and_clean_restores_its_nic(two_hosts, tmp_p
     h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
             "321"], check=True)
     before = [host.tc_dump() for host in two_hosts]
+    # A short heartbeat timeout: node 0 then waits 5 s, not 15, for word from node 1 before
+    # it decides that node 1 is gone.
     agents = start_agents(two_hosts, small_default(tmp_path, iterations=500, probe=False),
-                          tmp_path)
+                          tmp_path, "--heartbeat-timeout", 5)
     try:
         for line in agents[0].stdout:  # both NICs shaped, and the ranks training
             if ": training " in line:

@@ -280,3 +280,17 @@ def test_a_refused_point_leaves_the_hold_out_unjudged():
 def test_a_failed_point_outweighs_a_refused_one():
     sweep = run_sweep(base(), SweepConfig(nodes=[2, 3]), runner=refusing_runner({2}, {3}))
     assert sweep.status == "failed"
+
+
+def test_a_sweep_of_one_and_two_nodes_fits_but_says_what_it_cannot_tell():
+    # One size on 1 and 2 nodes: the 1-node points carry no communication, so the two 2-node
+    # points (one per mode) are all the fit has for three parameters, and nothing is left to
+    # hold out. The model is fitted and flagged, and still reproduces what it saw.
+    sweep = run_sweep(base(modes=["fp32", "amp-fp16"]), SweepConfig(nodes=[1, 2]),
+                      runner=fake_runner())
+    assert sweep.fit is not None and not sweep.fit.identifiable
+    assert sweep.holdout is None
+    assert any("no held-out check" in note for note in sweep.notes)
+    assert any("separate" in note for note in sweep.notes)
+    assert sweep.fit.rms_relative_error < 0.05
+    assert sweep.projection is not None

@@ -132,3 +132,26 @@ def test_senders_without_signals_are_not_judged():
 
 def test_rootless_locks_live_in_the_users_own_folder():
     assert naming.user_lock_dir(1000) == Path(naming.tempfile.gettempdir()) / "netsim-ddp-1000"
+
+
+def test_the_root_cause_is_a_ranks_own_error_before_any_echo_of_it(tmp_path):
+    # Forked ranks die within the same second: n0's rank, cut off by n1's crash, wrote its
+    # error file first and its agent exited first, yet n1's own error is the cause.
+    import json
+
+    from netsim_ddp.workload.launch import failure_report
+
+    class Node:
+        def __init__(self, name):
+            self.name = name
+
+    for node, text in (("n0", "RuntimeError: [pair.cc:553] Connection closed by peer"),
+                       ("n1", "RuntimeError: factory exploded on purpose")):
+        rank_dir = tmp_path / node / "none_x" / "attempt_0" / "0"
+        rank_dir.mkdir(parents=True)
+        (rank_dir / "error.json").write_text(json.dumps(
+            {"message": {"message": text, "extraInfo": {"timestamp": "1700000000"}}}))
+        (rank_dir / "stderr.log").write_text(f"Traceback\n{text}\n")
+    report = failure_report([Node("n0"), Node("n1")], tmp_path, failed=[0, 1])
+    assert report.startswith("node n1 failed first: RuntimeError: factory exploded on purpose")
+    assert "also failed: node n0: RuntimeError: [pair.cc:553] Connection closed" in report

@@ -1,11 +1,10 @@
 """Real DDP runs through torchrun on loopback: what each mode sends, the timing arithmetic,
-failures and timeouts that leave nothing behind, and the profiler cross-check.
+failures and timeouts that leave nothing behind (the profiler cross-check is in
+tests/ddp/test_run.py, on a shaped link).
 """
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from netsim_ddp.workload.collective import (
     read_probe,
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT
-from netsim_ddp.workload.launch import torchrun_argv
+from netsim_ddp.workload.launch import AGENT_MODULE, agent_module, torchrun_argv
 from netsim_ddp.workload.results import ModeResult
 
 ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
@@ -38,7 +37,9 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     out = tmp_path_factory.mktemp(request.param)
     if request.param == "1node-x-2ranks":
         nodes, per_node = [LoopbackNode("n0")], 2
-        spec = RankSpec(workload=WorkloadConfig(**TINY))
+        # gloo named: the ranks are forked from the node's agent (agent.py), as `run` does;
+        # the other layout's 'auto' goes through torchrun itself
+        spec = RankSpec(workload=WorkloadConfig(**TINY, backend="gloo"))
         watchdog = None
     else:  # two "nodes" on one address: different node ranks, same master
         nodes, per_node = [LoopbackNode("n0"), LoopbackNode("n1")], 1
@@ -141,6 +142,17 @@ def test_model_size_and_training(run: dict) -> None:
     assert amp == pytest.approx(fp32, rel=0.05)
 
 
+def test_cpu_ranks_are_forked_from_their_agent_and_others_start_through_torchrun() -> None:
+    # A CUDA context does not survive a fork, and 'auto' may pick NCCL on the GPUs.
+    for backend, module in (("gloo", AGENT_MODULE), ("nccl", "torch.distributed.run"),
+                            ("auto", "torch.distributed.run")):
+        spec = RankSpec(workload=WorkloadConfig(params=1000, backend=backend))
+        argv = torchrun_argv(nnodes=1, nproc_per_node=1, node_rank=0, master_addr="10.0.0.1",
+                             master_port=29555, spec_path="/s.json", out_dir="/o",
+                             log_dir="/l", agent=agent_module(spec))
+        assert argv[1:4] == ["-P", "-m", module], backend
+
+
 def test_torchrun_command_line() -> None:
     argv = torchrun_argv(
         nnodes=3, nproc_per_node=2, node_rank=1, master_addr="10.0.0.1", master_port=29555,
@@ -177,9 +189,9 @@ def test_crashing_rank_fails_fast_and_cleans_up(tmp_path: Path, factories_env: d
 def test_timeout_kills_everything(tmp_path: Path, factories_env: dict) -> None:
     spec = RankSpec(workload=WorkloadConfig(model="workload_factories:hang_on_rank1",
                                             params=1000, iterations=2))  # fmt: skip
-    timeout = 15.0
+    timeout = 10.0  # the ranks are up within ~3 s here, ~7 s on the slower machine kind
     start = time.monotonic()
-    with pytest.raises(WorkloadError, match="timed out after 15s") as excinfo:
+    with pytest.raises(WorkloadError, match="timed out after 10s") as excinfo:
         launch(
             [LoopbackNode("n0"), LoopbackNode("n1")],
             spec,
@@ -193,50 +205,6 @@ def test_timeout_kills_everything(tmp_path: Path, factories_env: dict) -> None:
     assert (tmp_path / "rank1-hanging").exists()  # the workers were up, and were killed
     assert "still running: n0, n1" in str(excinfo.value)
     assert live_processes_mentioning(str(tmp_path)) == []
-
-
-@pytest.mark.ddp
-def test_profiler_traces_and_allreduce_time(tmp_path: Path) -> None:
-    # 2M parameters (8 MB of FP32 gradients) so the all-reduce is long enough on loopback
-    # (~10 ms) to stand out of the timing noise; fp32 only, profiling is slow.
-    spec = RankSpec(workload=WorkloadConfig(params="2M", batch_size=16, iterations=8, warmup=2,
-                                            modes=["fp32"]))  # fmt: skip
-    result = launch([LoopbackNode("n0")], spec, tmp_path, 120, ranks_per_node=2,
-                    socket_ifname="lo", profile=True)["fp32"]  # fmt: skip
-    assert result.profiled
-    for rank in (0, 1):
-        events = json.loads((tmp_path / f"trace-rank{rank}-fp32.json").read_text())["traceEvents"]
-        names = {event.get("name") for event in events}
-        assert "gloo:all_reduce" in names
-        assert {f"nsd.synced_step.{i}" for i in range(8)} <= names
-    for rank in result.ranks:  # every measured synced step saw its all-reduce, inside it
-        assert rank.profiler_allreduce_s is not None and min(rank.profiler_allreduce_s) > 0
-        for allreduce, iteration in zip(rank.profiler_allreduce_s, rank.iteration_s, strict=True):
-            assert allreduce <= iteration + 1e-3  # profiler and perf_counter clocks differ
-    assert result.profiler_allreduce_s is not None
-    assert {b for rank in result.ranks for b in rank.buckets} == {1}  # 8 MB < 25 MiB bucket
-    # Both see the same all-reduce: with one bucket DDP cannot hide it behind backward, so it
-    # is all exposed, and exposed comm (synced - compute-only step) adds only the work around
-    # it (bucket copies, hook callbacks). Measured here: median profiler all-reduce / median
-    # comm = 0.78-0.95 on a quiet host, but up to 2.6 with other jobs on the 2 cores: contention
-    # stretches compute-only steps at random, which shrinks (and clamps) the comm estimate. So
-    # only the lower side is a sound test: the profiler must account for at least half of the
-    # exposed comm (0, or a mis-attributed step, fails it).
-    comm = statistics.median(result.comm_s)
-    assert statistics.median(result.profiler_allreduce_s) >= 0.5 * comm
-    # The direct collective timing (hook hand-off to future completion) sees the same all-reduce
-    # from the other side: gloo closes its profiler event after completing the future (and the
-    # two clocks differ), so neither encloses the other. Measured here: one step 7.1 ms timed
-    # directly vs 8.5 ms by the profiler (0.83). Sound on a shared host: every step timed, and
-    # medians within a factor 1.5 of each other (a hand-off or completion stamped at the wrong
-    # moment, e.g. at enqueue, is off by far more).
-    assert result.collective_s is not None
-    ratios = [c / p for c, p in zip(result.collective_s, result.profiler_allreduce_s,
-                                    strict=True)]
-    for rank in result.ranks:
-        assert rank.collective_s is not None and min(rank.collective_s) > 0
-    ratio = statistics.median(result.collective_s) / statistics.median(result.profiler_allreduce_s)
-    assert 1 / 1.5 <= ratio <= 1.5, f"collective_s / profiler all-reduce per step: {ratios}"
 
 
 @pytest.mark.ddp

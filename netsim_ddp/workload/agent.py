@@ -1,0 +1,41 @@
+"""One emulated node's torchrun whose ranks are forked from it, torch already imported:
+
+    python -P -m netsim_ddp.workload.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.rank ARGS
+
+The options are torchrun's, read by torchrun's own parser into torchrun's own launch config,
+and the same elastic agent runs the ranks (static rendezvous, restarts, log files, error files).
+One thing differs: torchrun starts every rank as a fresh `python -m MODULE`, which imports torch
+and, at the first DDP wrapper, torch._dynamo (seconds of CPU each, per rank, in every run: more
+than a small scenario's measured steps on a 2-core host). Here the agent imports them once and
+forks the ranks from itself ("fork" start method), which then run the rank module's `main`.
+
+Only for ranks on the CPU: a CUDA context does not survive a fork, so NCCL runs go through
+torchrun itself (launch.torchrun_argv decides).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    # What every rank imports, once, before the fork. DDP's constructor imports torch._dynamo.
+    import torch._dynamo  # noqa: F401
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    from netsim_ddp.workload import rank
+
+    args = parse_args(argv)
+    if not args.module or args.training_script != rank.__name__:
+        raise SystemExit(f"{__name__} starts {rank.__name__} only (-m {rank.__name__})")
+    config, _, _ = config_from_args(args)
+    config.start_method = "fork"
+    elastic_launch(config=config, entrypoint=rank.forked_main)(list(args.training_script_args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
