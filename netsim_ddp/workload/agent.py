@@ -15,6 +15,7 @@ torchrun itself (launch.torchrun_argv decides).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -39,3 +40,9 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    # Every rank has finished, its logs are closed and the agents' exit barrier has passed:
+    # skip the interpreter's teardown of torch's modules (about 1 s here, on every node, at the
+    # end of every run). A failure raises above instead, and exits the usual way.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -80,8 +80,11 @@ def test_report_from_the_json(shipped_sweep, tmp_path):
     path.write_text(results_document([], [shipped_sweep]).to_json())
     index = report(path, tmp_path / "report")
     text = index.read_text()
-    for name in ("scaling-sweep.png", "projection-sweep.png", "wire-bytes-sweep.png",
-                 "jitter-sweep-1.png"):
+    # a jitter plot per point with a network: by the point's index in the sweep
+    jitters = [f"jitter-sweep-{index}.png" for index, point in enumerate(shipped_sweep.points)
+               if point.world_size > 1]
+    assert len(jitters) == 4
+    for name in ("scaling-sweep.png", "projection-sweep.png", "wire-bytes-sweep.png", *jitters):
         assert (tmp_path / "report" / name).stat().st_size > 5000
         assert f"]({name})" in text
     assert "PROJECTION" in text and "3 nodes" in text
