@@ -38,7 +38,7 @@ class AllreduceProbe(BaseModel):
 
     size_bytes: int = Field(gt=0)
     dtypes: list[WireDtype] = Field(default=["float32"], min_length=1)
-    iterations: int = Field(5, gt=0)
+    iterations: int = Field(3, gt=0)
     warmup: int = Field(1, ge=0)
 
 
