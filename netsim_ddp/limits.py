@@ -17,7 +17,9 @@ from .scenario import Scenario, ScenarioError
 from .units import format_size
 
 # A process that imported torch and torch.distributed (the CPU wheel's resident size, with a
-# little headroom); torchrun's agent on each node imports it as well.
+# little headroom); torchrun's agent on each node imports it as well. An agent that forks its
+# ranks (workload/agent.py) is ~300 MiB with torch._dynamo, and its ranks share those pages
+# until they write them: this size per rank and per agent still covers it.
 PROCESS_BYTES = 224 * 2**20
 # Per parameter and rank: fp32 weights, gradients, SGD momentum and DDP's gradient buckets
 # (4 bytes each), plus autocast's 16-bit copies.

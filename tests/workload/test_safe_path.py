@@ -20,7 +20,10 @@ def poison(folder: Path, marker: Path) -> Path:
 def test_ranks_and_torchrun_ignore_a_json_py_in_the_callers_cwd(tmp_path, monkeypatch):
     marker = tmp_path / "imported"
     monkeypatch.chdir(poison(tmp_path / "cwd", marker))
-    spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"]))
+    # gloo: the ranks are forked from each node's agent, the path every `run` takes; torchrun's
+    # own ranks get the same PYTHONSAFEPATH=1 (launch.rank_env).
+    spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"],
+                                            backend="gloo"))
     results = launch([LoopbackNode("n0")], spec, tmp_path / "out", 120, ranks_per_node=2,
                      socket_ifname="lo")
     assert set(results) == {"fp32"}

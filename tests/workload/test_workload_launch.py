@@ -23,7 +23,7 @@ from netsim_ddp.workload.collective import (
     read_probe,
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT
-from netsim_ddp.workload.launch import AGENT_MODULE, agent_module, torchrun_argv
+from netsim_ddp.workload.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
 from netsim_ddp.workload.results import ModeResult
 
 ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
@@ -142,6 +142,25 @@ def test_model_size_and_training(run: dict) -> None:
     assert amp == pytest.approx(fp32, rel=0.05)
 
 
+@pytest.mark.ddp
+def test_ranks_whose_models_differ_start_from_rank_0s(tmp_path: Path, factories_env: dict):
+    # Ranks that built the same parameters skip DDP's start-up broadcast of them; a factory
+    # that builds different ones per rank gets it, so the ranks still train one model.
+    spec = RankSpec(workload=WorkloadConfig(model="workload_factories:different_on_each_rank",
+                                            params=1000, iterations=2, modes=["fp32"],
+                                            backend="gloo"))
+    result = launch([LoopbackNode("n0")], spec, tmp_path, 120, ranks_per_node=2,
+                    socket_ifname="lo", env=factories_env)["fp32"]
+    assert len({rank.param_digest for rank in result.ranks}) == 1
+
+
+def test_torchrun_and_its_ranks_never_import_from_the_working_directory() -> None:
+    # torchrun starts its ranks as `python -m`: only the environment reaches them.
+    env = rank_env("eth0", {"NSD_EXTRA": "1"})
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["NSD_EXTRA"] == "1"
+
+
 def test_cpu_ranks_are_forked_from_their_agent_and_others_start_through_torchrun() -> None:
     # A CUDA context does not survive a fork, and 'auto' may pick NCCL on the GPUs.
     for backend, module in (("gloo", AGENT_MODULE), ("nccl", "torch.distributed.run"),
@@ -210,7 +229,8 @@ def test_timeout_kills_everything(tmp_path: Path, factories_env: dict) -> None:
 @pytest.mark.ddp
 def test_gloo_binds_to_the_named_interface(tmp_path: Path) -> None:
     # launch's socket_ifname reaches gloo as GLOO_SOCKET_IFNAME (the harness passes eth0).
-    spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"]))
+    spec = RankSpec(workload=WorkloadConfig(params=1000, iterations=1, modes=["fp32"],
+                                            backend="gloo"))
     with pytest.raises(WorkloadError, match="Unable to find address for: nsdbogus0"):
         launch([LoopbackNode("n0")], spec, tmp_path, 60, ranks_per_node=2,
                socket_ifname="nsdbogus0")  # fmt: skip

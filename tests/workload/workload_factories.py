@@ -23,6 +23,14 @@ def tiny(params: int) -> tuple[nn.Module, object]:
     return model, make_batch
 
 
+def different_on_each_rank(params: int) -> tuple[nn.Module, object]:
+    """A factory whose model depends on more than torch's seed (here, the rank)."""
+    model, make_batch = tiny(params)
+    with torch.no_grad():
+        model.bias.add_(float(os.environ.get("RANK", "0")))
+    return model, make_batch
+
+
 def not_a_workload(params: int) -> str:
     return "oops"
 
