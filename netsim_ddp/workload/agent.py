@@ -7,10 +7,10 @@ and the same elastic agent runs the ranks (static rendezvous, restarts, log file
 One thing differs: torchrun starts every rank as a fresh `python -m MODULE`, which imports torch
 and, at the first DDP wrapper, torch._dynamo (seconds of CPU each, per rank, in every run: more
 than a small scenario's measured steps on a 2-core host). Here the agent imports them once and
-forks the ranks from itself ("fork" start method), which then run the rank module's `main`.
+forks the ranks from itself ("fork" start method), which then run `rank.forked_main`.
 
 Only for ranks on the CPU: a CUDA context does not survive a fork, so NCCL runs go through
-torchrun itself (launch.torchrun_argv decides).
+torchrun itself (launch.agent_module decides).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Every node runs `torchrun --nnodes N --nproc-per-node R --node-rank i --master-addr ADDR
 --master-port PORT --rdzv-backend static`: the classic fixed multi-node launch, no etcd and no
-c10d rendezvous server; node 0's torchrun hosts the TCP store on ADDR:PORT.
+c10d rendezvous server; node 0's torchrun hosts the TCP store on ADDR:PORT. For gloo ranks the
+node runs the same options through agent.py, torchrun's agent that forks its ranks from itself
+with torch imported (agent_module).
 
 `launch` owns every process it starts: each torchrun leads its own process group, and on
 failure or timeout the group is stopped, every descendant (torchrun puts its workers in their own
@@ -59,15 +61,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def forks_ranks(spec: RankSpec) -> bool:
-    """Whether a node's ranks are forked from its agent (agent.py): for gloo ranks on the CPU
-    only, since CUDA does not survive a fork ('auto' may mean CUDA)."""
-    return spec.workload.backend == "gloo"
-
-
 def agent_module(spec: RankSpec) -> str:
-    """What each node runs as `python -P -m MODULE TORCHRUN-OPTIONS`."""
-    return AGENT_MODULE if forks_ranks(spec) else "torch.distributed.run"
+    """What each node runs as `python -P -m MODULE TORCHRUN-OPTIONS`: the agent that forks its
+    ranks (agent.py) for gloo ranks on the CPU, else torchrun itself, since a CUDA context does
+    not survive a fork ('auto' may mean CUDA)."""
+    return AGENT_MODULE if spec.workload.backend == "gloo" else "torch.distributed.run"
 
 
 def torchrun_argv(
