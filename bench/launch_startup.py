@@ -27,23 +27,14 @@ from rich.table import Table
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 from netsim_ddp.workload.results import result_path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "workload"))
+from conftest import LoopbackNode  # noqa: E402  (the launch tests' node on loopback)
+
 # the module (the package exports its function `launch` under the same name)
 launch_module = importlib.import_module("netsim_ddp.workload.launch")
 
 SPEC = RankSpec(workload=WorkloadConfig(params="200k", batch_size=8, iterations=2, warmup=1,
                                         modes=["fp32"], backend="gloo"))
-
-
-class Loopback:
-    """A node on this host's loopback: what launch needs of a node, no namespace."""
-
-    def __init__(self, name: str):
-        self.name, self.address = name, "127.0.0.1"
-
-    def popen(self, argv, **kwargs):
-        import subprocess
-
-        return subprocess.Popen(argv, **kwargs)
 
 
 def one_launch(forked: bool) -> tuple[float, float]:
@@ -55,7 +46,7 @@ def one_launch(forked: bool) -> tuple[float, float]:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "out"
             start = time.time()
-            launch([Loopback("n0"), Loopback("n1")], SPEC, out, 120, socket_ifname="lo")
+            launch([LoopbackNode("n0"), LoopbackNode("n1")], SPEC, out, 120, socket_ifname="lo")
             end = time.time()
             result = result_path(out, "fp32").stat().st_mtime
     finally:
