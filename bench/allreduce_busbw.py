@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from netsim_ddp import Scenario
-from netsim_ddp.runner import run_scenario
+from netsim_ddp.run.runner import run_scenario
 
 
 def main() -> None:

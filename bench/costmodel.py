@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from netsim_ddp import Scenario
-from netsim_ddp.document import SweepRecord, load_document, save
 from netsim_ddp.fabric.privilege import ensure_network_privilege
-from netsim_ddp.runner import results_document
-from netsim_ddp.sweep import run_sweep
+from netsim_ddp.measure.document import SweepRecord, load_document, save
+from netsim_ddp.run.sweep import run_sweep
+from netsim_ddp.verdicts.scenario_report import results_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def main() -> None:
         json_path = save(document, args.json)
     for entry in document.sweeps:
         print_sweep(entry)
-    from netsim_ddp.plots import report
+    from netsim_ddp.report.plots import report
 
     index = report(json_path, args.report)
     print(f"report: {index}")

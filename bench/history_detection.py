@@ -23,10 +23,10 @@ import datetime
 
 import numpy as np
 
-from netsim_ddp.changepoint import segment
-from netsim_ddp.document import SCHEMA_VERSION, parse_document
-from netsim_ddp.gate import Metric
-from netsim_ddp.history import DEFAULT_TOLERANCE, Run, judge_history
+from netsim_ddp.measure.document import SCHEMA_VERSION, parse_document
+from netsim_ddp.verdicts.changepoint import segment
+from netsim_ddp.verdicts.gate import Metric
+from netsim_ddp.verdicts.history import DEFAULT_TOLERANCE, Run, judge_history
 
 WITHIN_CV = 0.03
 ITERATIONS = 20

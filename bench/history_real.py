@@ -70,9 +70,9 @@ def slowed_links(fraction: float):
 
 
 def train(args: argparse.Namespace) -> None:
-    from netsim_ddp.document import save
-    from netsim_ddp.scenario import Scenario
-    from netsim_ddp.session import NetsimSession
+    from netsim_ddp.measure.document import save
+    from netsim_ddp.run.session import NetsimSession
+    from netsim_ddp.scenario.spec import Scenario
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from netsim_ddp.document import ResultsDocument, ScenarioRecord, load_document
+from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, load_document
 
 
 def summarize(document: ResultsDocument) -> list[str]:
@@ -56,7 +56,7 @@ def summarize(document: ResultsDocument) -> list[str]:
 
 
 def _link_rate(entry: ScenarioRecord) -> float:
-    from netsim_ddp.units import parse_rate
+    from netsim_ddp.scenario.units import parse_rate
 
     rate = (entry.scenario or {})["link"]["rate"]  # the scenario's own (validated) JSON
     return float(rate) if isinstance(rate, int | float) else parse_rate(rate)

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from netsim_ddp import Scenario
-from netsim_ddp.calibrate import bus_factor
 from netsim_ddp.fabric import Fabric
+from netsim_ddp.projection.calibrate import bus_factor
 
 # Runs in every node's namespace: one process per rank, every size in one process (a torchrun
 # per size costs seconds of start-up on this host). Times the slowest rank, as nccl-tests does.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from netsim_ddp.scenario import Scenario, ScenarioError
+from netsim_ddp.scenario.spec import Scenario, ScenarioError
 
 
 def scenario_data(nodes: int) -> dict:

@@ -1,21 +1,35 @@
 """netsim-ddp: does a data-parallel training job still scale on this network?
 
 Scenario files describe a cluster network; `Fabric` builds it from network namespaces on one
-Linux host and shapes every link with tc.
+Linux host and shapes every link with tc; `run_scenario` trains every mode on it and judges the
+result; `load_document` reads a results file back. The wings, in the order of the flow (a wing
+imports only the wings before it): common, precision, scenario, fabric, workload, measure,
+verdicts, projection, report, run; `cli` and `plugin` are the two front ends.
 """
 
-from .scenario import Scenario, ScenarioError
+from netsim_ddp import _moved
+from netsim_ddp.common.version import __version__
+from netsim_ddp.scenario import Scenario, ScenarioError
 
-__version__ = "0.1.0"
+_moved.install()  # the import paths of 0.1's flat layout, for one release
+
+# Loaded when first asked for: the fabric pulls in pyroute2 and the runner torch, so `validate`
+# and `schema` stay light.
+_LAZY = {
+    "Fabric": "netsim_ddp.fabric",
+    "FabricError": "netsim_ddp.fabric",
+    "run_scenario": "netsim_ddp.run.runner",
+    "load_document": "netsim_ddp.measure.document",
+}
 
 
 def __getattr__(name: str):
-    # The fabric pulls in pyroute2; load it only when asked, so `validate` and `schema` stay light.
-    if name in ("Fabric", "FabricError"):
-        from . import fabric
+    if name in _LAZY:
+        import importlib
 
-        return getattr(fabric, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
 
 
-__all__ = ["Fabric", "FabricError", "Scenario", "ScenarioError", "__version__"]
+__all__ = ["Fabric", "FabricError", "Scenario", "ScenarioError", "__version__", "load_document",
+           "run_scenario"]

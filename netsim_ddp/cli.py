@@ -13,11 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from netsim_ddp.common.files import write_whole
+from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S, SESSION_OPTIONS
+from netsim_ddp.scenario.spec import Scenario, ScenarioError
+from netsim_ddp.scenario.units import format_duration, format_rate, format_size
+
 from . import __version__
-from .files import write_whole
-from .options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S, SESSION_OPTIONS
-from .scenario import Scenario, ScenarioError
-from .units import format_duration, format_rate, format_size
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -35,7 +36,7 @@ def _fail(message: str, code: int) -> None:
 def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
     """Every scenario, validated and checked against what this host can hold (every point of
     a sweep too), before anything is built: the first bad one ends the command."""
-    from .limits import HostResources, check_host
+    from netsim_ddp.scenario.limits import HostResources, check_host
 
     host = HostResources.probe()
     scenarios = []
@@ -124,8 +125,9 @@ def main() -> None:
               help="Also write the result as JSON ('-': stdout).")
 def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
+    from netsim_ddp.workload.gpus import probe_gpus
+
     from .fabric.capabilities import probe_capabilities, torch_status
-    from .gpus import probe_gpus
 
     caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
     torch_info = torch_status()
@@ -232,8 +234,8 @@ def plan(file: str, gpus: int | None) -> None:
 def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
     """The ranks: backend, each rank's device, each node's NCCL environment. False if this
     host (or one with `gpus` GPUs) would refuse the scenario."""
-    from .gpus import GpuInventory, probe_gpus
-    from .placement import place
+    from netsim_ddp.workload.gpus import GpuInventory, probe_gpus
+    from netsim_ddp.workload.placement import place
 
     assert scenario.workload is not None
     inventory = probe_gpus()
@@ -326,9 +328,10 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
         alpha: float, history_dir: str | None, calibration: tuple[str, ...]) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
+    from netsim_ddp.run.sweep import CalibrationError, load_calibration
+
     from .fabric import PrivilegeError, ensure_network_privilege
-    from .session import NetsimSession, SessionOptionError
-    from .sweep import CalibrationError, load_calibration
 
     scenarios = _load_all(files)
     for scenario in scenarios:
@@ -374,8 +377,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
 def _run_one(session, scenario: Scenario, human: Console, profile: bool,
              calibration: list[str] | None) -> None:
     """One scenario (or sweep) of `run` and its tables; the session records what broke."""
-    from .session import steal_warning
-    from .tables import sweep_tables
+    from netsim_ddp.report.tables import sweep_tables
+    from netsim_ddp.run.session import steal_warning
 
     if scenario.sweep is not None:
         with err.status("") as status:
@@ -401,8 +404,8 @@ def _run_one(session, scenario: Scenario, human: Console, profile: bool,
 
 def _print_report(human: Console, report) -> None:
     """A trained scenario's table, checks and warnings (`run` and `host` alike)."""
-    from .session import steal_warning
-    from .tables import mode_table
+    from netsim_ddp.report.tables import mode_table
+    from netsim_ddp.run.session import steal_warning
 
     human.print(mode_table(report))
     for check in report.checks:
@@ -446,10 +449,12 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     NIC exactly; node 0 reports as `run` does."""
     import secrets
 
+    from netsim_ddp.run.host_agent import HostConfigError, HostError, HostOptions, run_host
+    from netsim_ddp.run.runner import run_folder
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
+    from netsim_ddp.verdicts.scenario_report import ScenarioReport
+
     from .fabric import FabricError
-    from .host import HostConfigError, HostError, HostOptions, run_host
-    from .runner import ScenarioReport, run_folder
-    from .session import NetsimSession, SessionOptionError
     from .workload import WorkloadError
 
     (scenario,) = _load_all((file,))
@@ -510,11 +515,11 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
                    history_paths: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
-    from .calibrate import CalibrationError
-    from .document import DocumentError
-    from .history import HistoryError, judge_history, load_runs, runs_in
-    from .ncclparse import NcclParseError
-    from .plots import report
+    from netsim_ddp.measure.document import DocumentError
+    from netsim_ddp.projection.calibrate import CalibrationError
+    from netsim_ddp.projection.nccl_tests import NcclParseError
+    from netsim_ddp.report.plots import report
+    from netsim_ddp.verdicts.history import HistoryError, judge_history, load_runs, runs_in
 
     judged = None
     if history_paths:
@@ -556,8 +561,14 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
             alpha: float, as_given: bool, json_out: str | None, out_dir: str | None) -> None:
     """Change points in the history of earlier runs (`run --json` files, or folders of
     them), and a verdict on the newest run; exit 1 if it regressed."""
-    from .ci import append_step_summary, change_text, history_summary
-    from .history import HistoryError, judge_history, load_runs, parse_metrics, runs_in
+    from netsim_ddp.report.ci import append_step_summary, change_text, history_summary
+    from netsim_ddp.verdicts.history import (
+        HistoryError,
+        judge_history,
+        load_runs,
+        parse_metrics,
+        runs_in,
+    )
 
     if not 0 < alpha < 1:
         _fail(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
@@ -589,7 +600,7 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
             mark = "[green]ok[/]" if verdict.passed else "[red]FAILED[/]"
             human.print(f"  {mark} {escape(verdict.detail)}", soft_wrap=True)
     if out_dir is not None:
-        from .plots import history_report
+        from netsim_ddp.report.plots import history_report
 
         path = history_report(report, out_dir)
         err.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
@@ -610,8 +621,8 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
               help="Where to write it ('-': stdout).")
 def export(results: str, kind: str, out_file: str) -> None:
     """The results of `run --json` in a benchmark-tracking service's format."""
-    from .ci import bencher_metrics, github_benchmark
-    from .document import DocumentError, load_document
+    from netsim_ddp.measure.document import DocumentError, load_document
+    from netsim_ddp.report.ci import bencher_metrics, github_benchmark
 
     try:
         document = load_document(results)
@@ -631,8 +642,13 @@ def export(results: str, kind: str, out_file: str) -> None:
 def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None) -> None:
     """Fit collective time against message size to nccl-tests output (as printed or pasted,
     or its -J JSON); print per size the measured and modelled time and the error."""
-    from .calibrate import ERROR_FROM_BYTES, CalibrationError, load, projection_use
-    from .ncclparse import CALIBRATABLE, NcclParseError
+    from netsim_ddp.projection.calibrate import (
+        ERROR_FROM_BYTES,
+        CalibrationError,
+        load,
+        projection_use,
+    )
+    from netsim_ddp.projection.nccl_tests import CALIBRATABLE, NcclParseError
 
     try:
         found = load(files, collective)

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .scenario import Scenario, ScenarioError
+from netsim_ddp.scenario.spec import Scenario, ScenarioError
 
 if TYPE_CHECKING:
     from _pytest._code.code import TerminalRepr
 
-    from .session import NetsimSession
+    from netsim_ddp.run.session import NetsimSession
 
 XDIST_GROUP = "netsim-ddp"
 _SESSION: pytest.StashKey[NetsimSession] = pytest.StashKey()
@@ -32,7 +32,7 @@ _RUNS: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from .options import SESSION_OPTIONS
+    from netsim_ddp.common.options import SESSION_OPTIONS
 
     group = parser.getgroup("netsim-ddp", "emulated-network DDP scenarios")
     for option in SESSION_OPTIONS.values():
@@ -77,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "netsim_scenario(source): the scenario (file, dict or Scenario) that the "
         "`scenario`, `fabric` and `netsim_run` fixtures of a test use")
-    from .session import NetsimSession, SessionOptionError
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
 
     config.stash[_RUNS] = {}
     try:

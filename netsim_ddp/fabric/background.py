@@ -33,11 +33,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..clock import job_clock
-from ..files import write_whole
-from ..scenario import BackgroundFlow
-from ..signals import new_window, window_ended
-from ..units import ETHERNET_HEADER, TCP_IP_HEADERS
+from netsim_ddp.common.clock import job_clock
+from netsim_ddp.common.files import write_whole
+from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.scenario.spec import BackgroundFlow
+from netsim_ddp.scenario.units import ETHERNET_HEADER, TCP_IP_HEADERS
+
 from .errors import FabricError
 
 WIRE_HEADERS = ETHERNET_HEADER + TCP_IP_HEADERS  # what tc counts per segment besides payload
@@ -73,7 +74,7 @@ def scheduled_on_s(flow: BackgroundFlow, window_s: float) -> float:
 @dataclass(frozen=True)
 class BackgroundBytes:
     """Wire bytes the flows' ends had sent over time: one series of (job clock s, bytes) per
-    end (netsim_ddp.clock), sampled from TCP_INFO as they ran, so any window of the run can
+    end (netsim_ddp.common.clock), sampled from TCP_INFO as they ran, so any window of the run can
     be accounted for."""
 
     series: tuple[tuple[tuple[float, int], ...], ...] = ()

@@ -26,7 +26,8 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from ..scenario import Scenario
+from netsim_ddp.scenario.spec import Scenario
+
 from . import delayline, naming, netns, privilege
 from .capabilities import probe_capabilities
 from .delayline.health import ForwarderMonitor

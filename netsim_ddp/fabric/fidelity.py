@@ -11,9 +11,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from ..units import header_factor
+from netsim_ddp.scenario.units import header_factor
+
 from .core import Fabric, Node
+
+if TYPE_CHECKING:
+    from netsim_ddp.scenario import Scenario
 
 _CHUNK = 1 << 20
 
@@ -171,3 +176,10 @@ def check_fidelity(fabric: Fabric, seconds: float | None = None,
                                      expected_goodput(cap, mtu), goodput))
     return FidelityReport(tuple(samples),
                           config.min_fraction if min_fraction is None else min_fraction)
+
+
+def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
+    """(rate, TCP goodput) of the slowest node link, bits/s."""
+    links = [scenario.link_for(i) for i in range(scenario.topology.nodes)]
+    slowest = min(links, key=lambda link: expected_goodput(link.rate, link.mtu))
+    return slowest.rate, expected_goodput(slowest.rate, slowest.mtu)

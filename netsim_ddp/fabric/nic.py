@@ -46,7 +46,8 @@ from pyroute2.netlink import (
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS, TC_H_ROOT
 
-from ..scenario import EffectiveLink
+from netsim_ddp.scenario.spec import EffectiveLink
+
 from . import naming, netns
 from .errors import FabricError
 from .plan import QdiscPlan, netem, tbf

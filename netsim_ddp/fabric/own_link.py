@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ..clock import job_clock
+from netsim_ddp.common.clock import job_clock
+
 from . import naming
 from .qdisc_stats import basic_counts, root_qdisc
 
@@ -21,7 +22,7 @@ NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`)
 
 @dataclass(frozen=True)
 class LinkMark:
-    """What a node had sent by `monotonic_s` (the job's clock, netsim_ddp.clock: CLOCK_MONOTONIC,
+    """What a node had sent by `monotonic_s` (the job's clock, common.clock: CLOCK_MONOTONIC,
     one clock for all namespaces, shifted onto node 0's across hosts)."""
 
     monotonic_s: float

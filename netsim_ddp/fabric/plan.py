@@ -10,8 +10,9 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
-from ..scenario import EffectiveLink, Scenario
-from ..units import ETHERNET_HEADER
+from netsim_ddp.scenario.spec import EffectiveLink, Scenario
+from netsim_ddp.scenario.units import ETHERNET_HEADER
+
 from . import naming
 from .errors import FabricError
 

@@ -24,9 +24,10 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..scenario import EffectiveLink, Scenario, queue_limit_bytes
-from ..signals import new_window, window_ended
-from ..units import ETHERNET_HEADER
+from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.scenario.spec import EffectiveLink, Scenario, queue_limit_bytes
+from netsim_ddp.scenario.units import ETHERNET_HEADER
+
 from . import netns
 from .errors import FabricError
 from .plan import NodePlan, QdiscPlan, egress_qdiscs, ingress_qdiscs

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from netsim_ddp.files import write_whole
-from netsim_ddp.hostload import CpuLoad, CpuTimes
-from netsim_ddp.workload.modes import WireDtype
+from netsim_ddp.common.files import write_whole
+from netsim_ddp.precision.modes import WireDtype
+from netsim_ddp.scenario.workload import AllreduceProbe
+from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
 
 RESULT_FILE = "allreduce.json"
 # The probe inside the training launch (RankSpec.probe_gated): after each attempt the ranks wait
@@ -28,18 +29,6 @@ RESULT_FILE = "allreduce.json"
 VERDICT_FILE = "verdict"
 TRAIN, AGAIN = "train", "again"
 VERDICT_POLL_S = 0.01
-
-
-class AllreduceProbe(BaseModel):
-    """Asked for in a RankSpec: all-reduce `size_bytes` of float32, and as many elements of each
-    other dtype in `dtypes`, `iterations` times each."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    size_bytes: int = Field(gt=0)
-    dtypes: list[WireDtype] = Field(default=["float32"], min_length=1)
-    iterations: int = Field(3, gt=0)
-    warmup: int = Field(1, ge=0)
 
 
 class AllreduceResult(BaseModel):
@@ -148,6 +137,6 @@ def read_probe(out_dir: Path | str) -> list[AllreduceResult]:
 
 def busbw_samples(result: AllreduceResult) -> Sequence[float]:
     """Bus bandwidth of each iteration, bits/s."""
-    from netsim_ddp.metrics import bus_bandwidth
+    from netsim_ddp.common.metrics import bus_bandwidth
 
     return [bus_bandwidth(result.size_bytes, s, result.world_size) for s in result.seconds]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from netsim_ddp.workload.config import RankSpec
+from netsim_ddp.scenario.workload import RankSpec
 from netsim_ddp.workload.results import ModeResult, read_result, result_path
 
 RANK_MODULE = "netsim_ddp.workload.rank"

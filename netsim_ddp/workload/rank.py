@@ -28,13 +28,13 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from netsim_ddp.gpus import local_device_index
+from netsim_ddp.precision.hooks import SentBytes
+from netsim_ddp.precision.modes import get_mode
+from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
 from netsim_ddp.workload.collective import run_gated_probe, run_probe
-from netsim_ddp.workload.config import RankSpec, WorkloadConfig
-from netsim_ddp.workload.hooks import SentBytes
+from netsim_ddp.workload.gpus import local_device_index
 from netsim_ddp.workload.loop import Trainer, measure, param_digest
 from netsim_ddp.workload.models import build_workload, count_params, make_batches
-from netsim_ddp.workload.modes import get_mode
 from netsim_ddp.workload.profiling import Profiler, trace_path
 from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
 from netsim_ddp.workload.timing import BucketTimer, register_timed
@@ -46,7 +46,7 @@ LEARNING_RATE = 1e-3
 
 def resolve_backend(requested: str, local_world_size: int) -> str:
     """'auto' -> nccl only with CUDA and one GPU per local rank; else gloo. The harness
-    resolves the backend itself (netsim_ddp.placement) and hands the ranks 'gloo' or 'nccl';
+    resolves the backend itself (workload.placement) and hands the ranks 'gloo' or 'nccl';
     'auto' is for ranks started some other way."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "auto":

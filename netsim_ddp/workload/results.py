@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from netsim_ddp.files import write_whole
+from netsim_ddp.common.files import write_whole
 from netsim_ddp.workload.intervals import union_length
 
 SCHEMA_VERSION = 1

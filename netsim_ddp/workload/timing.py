@@ -24,7 +24,7 @@ import torch
 from torch.distributed import GradBucket  # type: ignore[attr-defined]  # missing from stubs
 from torch.nn.parallel import DistributedDataParallel
 
-from netsim_ddp.workload.hooks import Hook
+from netsim_ddp.precision.hooks import Hook
 from netsim_ddp.workload.intervals import Interval
 
 

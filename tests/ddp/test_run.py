@@ -9,7 +9,7 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.fabric import netns
-from netsim_ddp.runner import run_scenario
+from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.workload import WorkloadError
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
@@ -73,7 +73,7 @@ def test_every_mode_crossed_the_emulated_network(three_modes):
 
 
 def test_results_json_carries_the_promised_keys(three_modes):
-    from netsim_ddp.runner import results_document
+    from netsim_ddp.verdicts.scenario_report import results_document
 
     document = json.loads(results_document([three_modes]).to_json())
     (entry,) = document["scenarios"]

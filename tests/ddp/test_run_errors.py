@@ -11,7 +11,7 @@ import json
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.session import NetsimSession
+from netsim_ddp.run.session import NetsimSession
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 

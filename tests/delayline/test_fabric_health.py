@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from pyroute2 import IPRoute
 
-from netsim_ddp import Scenario, runner
+from netsim_ddp import Scenario
 from netsim_ddp.fabric import Fabric, netns
 from netsim_ddp.fabric.delayline import DelayLineError
 from netsim_ddp.fabric.delayline.health import judge_final, judge_window
 from netsim_ddp.fabric.delayline.probes import ProbePath, tcp_bulk
+from netsim_ddp.run import runner
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from netsim_ddp import runner
 from netsim_ddp.fabric.delayline import DelayLineError
 from netsim_ddp.fabric.delayline.health import (
     LATE_FLOOR_S,
@@ -24,6 +23,7 @@ from netsim_ddp.fabric.delayline.health import (
     late_bound_s,
 )
 from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.run import runner
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.fabric.nic import NicError, NicInfo, check_nic
-from netsim_ddp.host import HostConfigError, HostOptions, validate
+from netsim_ddp.run.host_agent import HostConfigError, HostOptions, validate
 
 
 def options(nnodes=2, node_rank=0, **scenario):

@@ -9,13 +9,13 @@ from click.testing import CliRunner
 from test_sweep_synthetic import base, fake_runner
 
 from netsim_ddp import Scenario
-from netsim_ddp.calibrate import CalibrationError, load_allreduce
 from netsim_ddp.cli import main
-from netsim_ddp.cluster import collective_time, project_calibrated
-from netsim_ddp.costmodel import TYPICAL_ETHERNET_ALPHA_S
-from netsim_ddp.runner import results_document
-from netsim_ddp.sweep import SweepConfig, run_sweep
-from netsim_ddp.tables import projection_table
+from netsim_ddp.projection.calibrate import CalibrationError, load_allreduce
+from netsim_ddp.projection.cluster import collective_time, project_calibrated
+from netsim_ddp.projection.costmodel import TYPICAL_ETHERNET_ALPHA_S
+from netsim_ddp.report.tables import projection_table
+from netsim_ddp.run.sweep import SweepConfig, run_sweep
+from netsim_ddp.verdicts.scenario_report import results_document
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"

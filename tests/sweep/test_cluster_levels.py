@@ -10,9 +10,15 @@ from click.testing import CliRunner
 from test_calibrated_projection import at
 from test_sweep_synthetic import base, fake_runner
 
-from netsim_ddp.calibrate import Calibration, CalibrationError, Curve, load, projection_use
 from netsim_ddp.cli import main
-from netsim_ddp.cluster import (
+from netsim_ddp.projection.calibrate import (
+    Calibration,
+    CalibrationError,
+    Curve,
+    load,
+    projection_use,
+)
+from netsim_ddp.projection.cluster import (
     TYPICAL_NVLINK,
     Cluster,
     NvlinkLevel,
@@ -21,9 +27,9 @@ from netsim_ddp.cluster import (
     load_cluster,
     project_calibrated,
 )
-from netsim_ddp.ncclparse import CALIBRATABLE
-from netsim_ddp.sweep import SweepConfig, run_sweep
-from netsim_ddp.tables import projection_table
+from netsim_ddp.projection.nccl_tests import CALIBRATABLE
+from netsim_ddp.report.tables import projection_table
+from netsim_ddp.run.sweep import SweepConfig, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"

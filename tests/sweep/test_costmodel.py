@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from netsim_ddp.costmodel import (
+from netsim_ddp.projection.costmodel import (
     PROJECTION_LABEL,
     CostModel,
     FitError,

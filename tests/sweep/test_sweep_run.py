@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.runner import results_document
+from netsim_ddp.verdicts.scenario_report import results_document
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 
@@ -74,7 +74,7 @@ def test_fit_hold_out_and_projection(shipped_sweep):
 
 
 def test_report_from_the_json(shipped_sweep, tmp_path):
-    from netsim_ddp.plots import report
+    from netsim_ddp.report.plots import report
 
     path = tmp_path / "results.json"
     path.write_text(results_document([], [shipped_sweep]).to_json())

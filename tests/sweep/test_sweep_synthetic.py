@@ -9,15 +9,16 @@ import random
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.costmodel import CostModel, StepPoint
-from netsim_ddp.mode_report import ModeReport
-from netsim_ddp.runner import ScenarioReport, results_document, slowest_link_goodput
-from netsim_ddp.sweep import (
+from netsim_ddp.fabric.fidelity import slowest_link_goodput
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.projection.costmodel import CostModel, StepPoint
+from netsim_ddp.run.sweep import (
     SweepConfig,
     point_scenario,
     run_sweep,
     split_largest,
 )
+from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
 from netsim_ddp.workload import ModeResult, RankSamples
 
 TRUE = CostModel(alpha_s=0.003, bandwidth_efficiency=0.93, overlap=0.2)
@@ -133,7 +134,7 @@ def test_a_noisy_sweep_that_misses_the_target_says_so():
 def slowed_runner(factor, steal):
     """fake_runner, with the 4-node points slowed by `factor` and the hypervisor taking
     `steal` of the CPU while every point trained."""
-    from netsim_ddp.hostload import CpuLoad
+    from netsim_ddp.workload.hostload import CpuLoad
 
     def run(scenario, **kwargs):
         report = fake_runner()(scenario, **kwargs)
@@ -202,7 +203,7 @@ def test_json_document_and_report(tmp_path):
     assert "not measured" in entry["projection"]["label"]
     assert entry["projection"]["assumptions"]
 
-    from netsim_ddp.plots import report
+    from netsim_ddp.report.plots import report
 
     path = tmp_path / "out.json"
     path.write_text(json.dumps(document))
@@ -238,7 +239,7 @@ def test_sweep_file_loads(tmp_path):
 
 def refusing_runner(refuse_nodes, fail_nodes=()):
     """fake_runner, but points at `refuse_nodes` are refused and those at `fail_nodes` fail."""
-    from netsim_ddp.gate import Verdict
+    from netsim_ddp.verdicts.gate import Verdict
 
     def run(scenario, **kwargs):
         nodes = scenario.topology.nodes

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from netsim_ddp.calibrate import (
+from netsim_ddp.projection.calibrate import (
     MIB,
     Calibration,
     CalibrationError,
@@ -123,7 +123,7 @@ def test_every_run_that_calibrates_follows_its_sizes_from_1mib_up():
     # (the one-server file holds all_reduce, reduce_scatter and all_gather). Files that are not
     # whole runs are refused in one line (test_calibrate_parse); those with no size of 1 MiB
     # or more make no claim here.
-    from netsim_ddp.ncclparse import NcclParseError
+    from netsim_ddp.projection.nccl_tests import NcclParseError
 
     checked = []
     for path in ALL_FILES:

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from netsim_ddp.cli import main
-from netsim_ddp.ncclparse import NcclParseError, parse_file, parse_json, parse_text
+from netsim_ddp.projection.nccl_tests import NcclParseError, parse_file, parse_json, parse_text
 
 PASTED = Path(__file__).parent / "nccl-tests"
 A3MEGA = PASTED / "a3mega-2x8-h100.txt"
@@ -157,7 +157,7 @@ def test_cli_names_the_collective_a_file_does_not(tmp_path):
 
 
 def test_runs_of_the_same_kind_merge(tmp_path):
-    from netsim_ddp.calibrate import load
+    from netsim_ddp.projection.calibrate import load
 
     twice = tmp_path / "twice.txt"
     twice.write_text(A3MEGA.read_text() + A3MEGA.read_text().replace("    47743", "    49743"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from netsim_ddp import clock
+from netsim_ddp.common import clock
 
 
 class FakeHosts:

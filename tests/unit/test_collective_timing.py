@@ -6,10 +6,10 @@ import random
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.baseline import Baseline, BaselineError, save
-from netsim_ddp.gate import Expectation, Metric, Tolerance, evaluate
-from netsim_ddp.mode_report import ModeReport
-from netsim_ddp.runner import ScenarioReport
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
+from netsim_ddp.verdicts.gate import Expectation, Metric, Tolerance, evaluate
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.intervals import union_length
 from netsim_ddp.workload.results import ModeResult, RankSamples, combine, exposed_comm
 

@@ -3,12 +3,12 @@
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.crossing import (
+from netsim_ddp.scenario.units import header_factor
+from netsim_ddp.verdicts.crossing import (
     MIN_FRACTION,
     CrossingVerdict,
     expected_cross_node,
 )
-from netsim_ddp.units import header_factor
 
 S = 10_000_000  # gradient bytes per rank and step
 
@@ -71,7 +71,7 @@ def test_full_traffic_passes_and_the_threshold_is_the_boundary():
 def test_runner_checks_every_mode_with_its_backend():
     from types import SimpleNamespace
 
-    from netsim_ddp.runner import crossing_checks
+    from netsim_ddp.run.runner import crossing_checks
 
     scenario = Scenario.from_dict({"name": "x", "topology": {"nodes": 2, "ranks_per_node": 2},
                                    "link": {"rate": "1gbit"}, "workload": {"params": "1M"}})

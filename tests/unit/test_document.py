@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from netsim_ddp.document import (
+from netsim_ddp.measure.document import (
     SCHEMA_VERSION,
     DocumentError,
     MachineInfo,

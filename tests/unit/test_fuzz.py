@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from netsim_ddp import Scenario, ScenarioError, units
-from netsim_ddp.baseline import Baseline, BaselineError
-from netsim_ddp.document import DocumentError, load_document
-from netsim_ddp.limits import HostResources, check_host
+from netsim_ddp import Scenario, ScenarioError
+from netsim_ddp.measure.document import DocumentError, load_document
+from netsim_ddp.scenario import units
+from netsim_ddp.scenario.limits import HostResources, check_host
+from netsim_ddp.verdicts.baseline import Baseline, BaselineError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))

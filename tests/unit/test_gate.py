@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp import Scenario, ScenarioError
-from netsim_ddp.baseline import Baseline, BaselineError, save
-from netsim_ddp.gate import (
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
+from netsim_ddp.verdicts.gate import (
     Expectation,
     Metric,
     Tolerance,
@@ -18,8 +19,7 @@ from netsim_ddp.gate import (
     evaluate,
     regression_verdict,
 )
-from netsim_ddp.mode_report import ModeReport
-from netsim_ddp.runner import ScenarioReport
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.results import ModeResult
 
 SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
@@ -166,8 +166,8 @@ def test_too_few_samples_say_so():
 
 
 def test_a_registered_mode_is_held_to_its_wire_dtype_and_joins_the_default_claim():
-    from netsim_ddp.runner import wire_ratio_checks
-    from netsim_ddp.workload.modes import MODES, AmpMode, register_mode
+    from netsim_ddp.precision.modes import MODES, AmpMode, register_mode
+    from netsim_ddp.run.runner import wire_ratio_checks
 
     class Fp16Everywhere(AmpMode):
         name = "test-fp16-wire"
@@ -188,8 +188,8 @@ def test_a_registered_mode_is_held_to_its_wire_dtype_and_joins_the_default_claim
 
 
 def test_gating_on_a_baseline_from_another_machine_says_which_fields_differ(tmp_path):
-    from netsim_ddp.document import MachineInfo
-    from netsim_ddp.session import NetsimSession
+    from netsim_ddp.measure.document import MachineInfo
+    from netsim_ddp.run.session import NetsimSession
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
     assert Baseline(path).machine_warning() is None  # saved here: the same machine
@@ -214,7 +214,7 @@ def test_the_plugin_header_warns_of_a_baseline_from_another_machine(tmp_path):
     from types import SimpleNamespace
 
     from netsim_ddp import plugin
-    from netsim_ddp.session import NetsimSession
+    from netsim_ddp.run.session import NetsimSession
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
     document = json.loads(path.read_text())
@@ -230,8 +230,8 @@ def test_the_plugin_header_warns_of_a_baseline_from_another_machine(tmp_path):
 def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from netsim_ddp import host
     from netsim_ddp.cli import main
+    from netsim_ddp.run import host_agent as host
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
     document = json.loads(path.read_text())

@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from netsim_ddp.changepoint import segment
-from netsim_ddp.ci import bencher_metrics, github_benchmark, history_summary, run_summary
 from netsim_ddp.cli import main
-from netsim_ddp.document import (
+from netsim_ddp.measure.document import (
     SCHEMA_VERSION,
     CpuInfo,
     MachineInfo,
@@ -23,8 +21,10 @@ from netsim_ddp.document import (
     parse_document,
     save,
 )
-from netsim_ddp.gate import Metric
-from netsim_ddp.history import (
+from netsim_ddp.report.ci import bencher_metrics, github_benchmark, history_summary, run_summary
+from netsim_ddp.verdicts.changepoint import segment
+from netsim_ddp.verdicts.gate import Metric
+from netsim_ddp.verdicts.history import (
     HistoryError,
     judge_history,
     load_runs,

@@ -8,9 +8,10 @@ import random
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.history import DEFAULT_TOLERANCE
-from netsim_ddp.runner import ModeReport, ScenarioReport
-from netsim_ddp.session import NetsimSession, SessionOptionError
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.run.session import NetsimSession, SessionOptionError
+from netsim_ddp.verdicts.history import DEFAULT_TOLERANCE
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.results import ModeResult
 
 SCENARIO = Scenario.from_dict({"name": "hist", "topology": {"nodes": 2},

@@ -9,9 +9,10 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 
-from netsim_ddp import Scenario, ScenarioError, units
-from netsim_ddp.baseline import Baseline, BaselineError
+from netsim_ddp import Scenario, ScenarioError
 from netsim_ddp.cli import main
+from netsim_ddp.scenario import units
+from netsim_ddp.verdicts.baseline import Baseline, BaselineError
 
 BASE = '[topology]\nnodes = 2\n[link]\nrate = "1gbit"\n'
 TRAIN = '[workload]\nparams = "1M"\n'
@@ -83,7 +84,7 @@ def test_sweep_point_names_are_safe_folder_names():
 
 def test_reserved_node_names_match_what_the_fabric_names_its_objects():
     from netsim_ddp.fabric import naming
-    from netsim_ddp.scenario import RESERVED_NODE_NAMES
+    from netsim_ddp.scenario.spec import RESERVED_NODE_NAMES
 
     assert naming.switch_port("br") == naming.BRIDGE
     assert naming.SWITCH_ROLE in RESERVED_NODE_NAMES
@@ -134,7 +135,7 @@ def test_report_of_a_malformed_results_file_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "scenarios.0.modes.fp32" in lines[0], result.output
-    from netsim_ddp.document import DocumentError, load_document
+    from netsim_ddp.measure.document import DocumentError, load_document
 
     with pytest.raises(DocumentError):
         load_document(path)
@@ -149,7 +150,7 @@ def test_timeout_must_be_a_finite_positive_number(tmp_path, value):
 
 
 def small_host():
-    from netsim_ddp.limits import HostResources
+    from netsim_ddp.scenario.limits import HostResources
 
     return HostResources(memory_bytes=4 * 2**30, max_processes=1000, max_net_namespaces=500)
 
@@ -166,7 +167,7 @@ def test_more_than_the_host_holds_is_refused_with_both_numbers(changes, field, a
     for key, value in changes.items():
         data[key] = data[key] | value
     scenario = Scenario.from_dict(data, "big.toml")
-    from netsim_ddp.limits import check_host
+    from netsim_ddp.scenario.limits import check_host
 
     with pytest.raises(ScenarioError) as info:
         check_host(scenario, small_host())
@@ -177,7 +178,7 @@ def test_more_than_the_host_holds_is_refused_with_both_numbers(changes, field, a
 def test_host_limits_check_every_sweep_point():
     data = {"name": "s", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
             "workload": {"params": "1M"}, "sweep": {"params": ["1M", "500M"]}}
-    from netsim_ddp.limits import check_host
+    from netsim_ddp.scenario.limits import check_host
 
     with pytest.raises(ScenarioError) as info:
         check_host(Scenario.from_dict(data, "s.toml"), small_host())
@@ -209,7 +210,7 @@ def test_links_follow_a_copy_that_replaces_the_link():
 
 
 def test_the_run_folder_never_leaves_out_even_for_an_unvalidated_name(tmp_path):
-    from netsim_ddp.session import scenario_folder
+    from netsim_ddp.run.session import scenario_folder
 
     good = Scenario.from_dict({"name": "ok [2 nodes]", "topology": {"nodes": 2},
                                "link": {"rate": "1gbit"}})

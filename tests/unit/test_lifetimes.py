@@ -7,9 +7,9 @@ import pytest
 
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
-from netsim_ddp.runner import run_folder
+from netsim_ddp.run.runner import run_folder
+from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload import RankSpec, launch
-from netsim_ddp.workload.config import WorkloadConfig
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp import runner
 from netsim_ddp.fabric.background import (
     BackgroundBytes,
     BackgroundError,
@@ -22,7 +21,9 @@ from netsim_ddp.fabric.background import (
     assemble,
     scheduled_on_s,
 )
-from netsim_ddp.scenario import BackgroundFlow
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.run import runner
+from netsim_ddp.scenario.spec import BackgroundFlow
 from netsim_ddp.workload import WorkloadError
 from netsim_ddp.workload.collective import AllreduceResult
 from netsim_ddp.workload.results import ModeResult, RankSamples
@@ -82,7 +83,7 @@ def test_link_counters_that_go_backwards_are_an_error() -> None:
 
 def test_zero_hook_or_wire_bytes_fail_a_check() -> None:
     """Before, a zero reference made the wire-ratio check vanish and the run passed."""
-    report = runner.ModeReport(result([rank(0, 0), rank(1, 0)], sent=0), 0.0, 5e5, 1e9)
+    report = ModeReport(result([rank(0, 0), rank(1, 0)], sent=0), 0.0, 5e5, 1e9)
     (check,) = runner.measurement_checks({"fp32": report}, nodes=2)
     assert not check.passed and check.name == "measured:fp32"
     assert "comm hook counted no gradient bytes" in check.detail
@@ -91,7 +92,7 @@ def test_zero_hook_or_wire_bytes_fail_a_check() -> None:
 
 
 def test_one_node_may_put_nothing_on_the_wire() -> None:
-    report = runner.ModeReport(result([rank(0, 0), rank(1, 1)], 2), 0.0, 0.0, 1e9)
+    report = ModeReport(result([rank(0, 0), rank(1, 1)], 2), 0.0, 0.0, 1e9)
     assert runner.measurement_checks({"fp32": report}, nodes=1) == []
 
 

@@ -3,7 +3,12 @@ import statistics
 
 import pytest
 
-from netsim_ddp.metrics import bus_bandwidth, ring_allreduce_lower_bound, ring_factor, summarize
+from netsim_ddp.common.metrics import (
+    bus_bandwidth,
+    ring_allreduce_lower_bound,
+    ring_factor,
+    summarize,
+)
 
 
 def test_summary_of_known_samples():
@@ -36,7 +41,7 @@ def test_ring_lower_bound_and_bus_bandwidth_agree():
 
 
 def test_median_interval_is_the_order_statistics_interval():
-    from netsim_ddp.metrics import median_interval
+    from netsim_ddp.common.metrics import median_interval
 
     # Distribution-free: with 6 samples the 95% interval spans them all; with 10 it drops the
     # extremes (P(median outside [x(2), x(9)]) = 2 x 11/1024 < 5%).

@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from netsim_ddp.document import parse_document
+from netsim_ddp.measure.document import parse_document
 
 ROOT = Path(__file__).resolve().parents[2]
 

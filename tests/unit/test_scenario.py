@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp import Scenario, ScenarioError
-from netsim_ddp.scenario import MAX_RATE_BPS
+from netsim_ddp.scenario.spec import MAX_RATE_BPS
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 
 from netsim_ddp import Scenario
+from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.fabric.fidelity import expected_goodput
 from netsim_ddp.fabric.schedule import AppliedChange, ModeWindow
-from netsim_ddp.metrics import ring_allreduce_lower_bound
-from netsim_ddp.mode_report import ModeReport
-from netsim_ddp.schedule_checks import attach_link_states, schedule_checks
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
 from netsim_ddp.workload.results import ModeResult
 
 SCENARIO = Scenario.from_dict({

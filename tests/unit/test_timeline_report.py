@@ -5,13 +5,13 @@ import json
 from rich.console import Console
 
 from netsim_ddp import Scenario
-from netsim_ddp.document import parse_document
-from netsim_ddp.figures import fit_title
-from netsim_ddp.mode_report import ModeReport
-from netsim_ddp.plots import report
-from netsim_ddp.runner import ScenarioReport
-from netsim_ddp.tables import mode_table, straggler_cell
-from netsim_ddp.timeline import check_rows
+from netsim_ddp.measure.document import parse_document
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.report.figures import fit_title
+from netsim_ddp.report.plots import report
+from netsim_ddp.report.tables import mode_table, straggler_cell
+from netsim_ddp.report.timeline import check_rows
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.results import ModeResult, Straggler
 
 SCENARIO = {"name": "timeline", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},

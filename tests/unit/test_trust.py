@@ -6,9 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from netsim_ddp import Scenario, runner
-from netsim_ddp.metrics import bus_bandwidth
-from netsim_ddp.runner import CollectiveFidelity
+from netsim_ddp import Scenario
+from netsim_ddp.common.metrics import bus_bandwidth
+from netsim_ddp.fabric.fidelity import slowest_link_goodput
+from netsim_ddp.measure.probe import CollectiveFidelity
+from netsim_ddp.run import runner
 from netsim_ddp.workload.collective import VERDICT_FILE, AllreduceResult
 
 SIZE = 8 * 2**20
@@ -33,7 +35,7 @@ def canned(monkeypatch):
 
     def install(*fractions, float16=None):
         """Each attempt's float32 fraction; `float16` adds that dtype at these fractions."""
-        _, expected = runner.slowest_link_goodput(scenario())
+        _, expected = slowest_link_goodput(scenario())
         load = {"busy": 0.97, "steal": 0.25, "softirq": 0.1}
 
         def result(dtype, fraction):
@@ -105,12 +107,12 @@ def test_the_probe_times_every_wire_dtype_and_the_slowest_counts(canned, tmp_pat
 
 
 def test_busbw_of_the_canned_results_is_what_the_fraction_says():
-    _, expected = runner.slowest_link_goodput(scenario())
+    _, expected = slowest_link_goodput(scenario())
     assert bus_bandwidth(SIZE, seconds_for(0.5, expected), 2) == pytest.approx(0.5 * expected)
 
 
 def test_the_summary_line_says_how_far_runs_can_be_trusted():
-    from netsim_ddp.session import _probe_summary
+    from netsim_ddp.run.session import _probe_summary
 
     def report(*attempts):
         return SimpleNamespace(fidelity=CollectiveFidelity(SIZE, 2, list(attempts), 1e9, 0.9))
@@ -122,8 +124,8 @@ def test_the_summary_line_says_how_far_runs_can_be_trusted():
 
 
 def test_steal_while_training_is_a_warning_above_five_percent():
-    from netsim_ddp.hostload import CpuLoad
-    from netsim_ddp.session import steal_warning
+    from netsim_ddp.run.session import steal_warning
+    from netsim_ddp.workload.hostload import CpuLoad
 
     def report(steal):
         return SimpleNamespace(host_load=CpuLoad(busy=0.6, steal=steal, softirq=0.05))

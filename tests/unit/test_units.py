@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from netsim_ddp import units
+from netsim_ddp.scenario import units
 
 
 @pytest.mark.parametrize("text, bits", [

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.workload import loop
-from netsim_ddp.workload.modes import get_mode
 
 
 class CapturingDDP:

@@ -8,8 +8,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from netsim_ddp.workload.config import DEFAULT_BUCKET_BYTES, RankSpec, WorkloadConfig
-from netsim_ddp.workload.modes import MODES
+from netsim_ddp.precision.modes import MODES
+from netsim_ddp.scenario.workload import DEFAULT_BUCKET_BYTES, RankSpec, WorkloadConfig
 
 
 def error_fields(excinfo: pytest.ExceptionInfo[ValidationError]) -> set[str]:

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from netsim_ddp.workload.hooks import SentBytes
+from netsim_ddp.precision.hooks import SentBytes
+from netsim_ddp.precision.modes import Mode, get_mode
 from netsim_ddp.workload.models import build_workload, make_batches
-from netsim_ddp.workload.modes import Mode, get_mode
 from netsim_ddp.workload.timing import BucketTimer, register_timed
 
 PARAMS = 200_000

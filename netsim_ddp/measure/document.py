@@ -1,0 +1,627 @@
+"""The results' shape, defined once: what `netsim-ddp run --json` writes and every reader loads.
+
+The runtime objects (ScenarioReport, ModeReport, CollectiveFidelity, Verdict, SweepReport)
+turn themselves into these records with `to_record()`; plots, timeline,
+report and the history tool read the records back with `load_document`, so a key is named in
+one place and a malformed file fails in one place, naming the file and the field.
+
+Versions: a document without `version` was written before the schema was versioned (1); 2
+adds `created_at`, `machine_info` and each scenario's `scenario_digest`. Keys are only ever
+added, and unknown keys pass through untouched, so an older reader still reads a newer file's
+known parts and CI scripts that read today's keys keep working.
+
+This module imports nothing else of netsim-ddp: everything else may import it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from netsim_ddp.common.files import write_whole
+
+SCHEMA_VERSION = 2
+LEGACY_VERSION = 1  # documents written before `version` existed
+
+Status = Literal["passed", "failed", "refused", "error"]
+# Measured samples and their summaries: a NaN or infinity there is a broken measurement.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class DocumentError(ValueError):
+    """A results document that cannot be used; the message names the file and the field."""
+
+
+class Record(BaseModel):
+    """Every record: strict types (a string is never read as a number), unknown keys kept
+    (a newer writer's additions survive a load and save), and keys listed in `_omit_none`
+    left out rather than written as null (they were absent in the JSON before the model)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", ser_json_inf_nan="constants")
+    _omit_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in self._omit_none:
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-ready: what the document's file holds for this record."""
+        return self.model_dump(mode="json")
+
+
+# -- one scenario ------------------------------------------------------------------------------
+
+class SummaryRecord(Record):
+    """metrics.Summary of one series."""
+
+    n: int = 0
+    mean: Finite = 0.0
+    median: Finite
+    std: Finite = 0.0
+    p5: Finite = 0.0
+    p95: Finite = 0.0
+    iqr: Finite = 0.0
+    min: Finite = 0.0
+    max: Finite = 0.0
+
+
+class SeriesSummaries(Record):
+    _omit_none = frozenset({"collective_s"})
+
+    iteration_s: SummaryRecord
+    comm_s: SummaryRecord
+    compute_s: SummaryRecord
+    collective_s: SummaryRecord | None = None  # absent: no collective timing in that result
+
+
+class StragglerRow(Record):
+    """Per iteration: the rank (and node) whose backward finished last, and the wait."""
+
+    rank: int
+    node: str | None = None
+    wait_s: float
+
+
+class StragglerSummary(Record):
+    rank: int
+    node: str | None = None
+    iterations: int  # how often it straggled ...
+    of: int  # ... of this many iterations
+    median_wait_s: float
+    max_wait_s: float
+
+
+class LinkBytesRecord(Record):
+    """What one node's NIC sent in the measured window, as its local rank 0 read it."""
+
+    rank: int
+    hostname: str | None = None
+    sent_bytes: float
+    sent_packets: float
+    window_s: float
+
+
+class ModeRecord(Record):
+    """One mode: its raw series, their summaries, the wire accounting and derived numbers."""
+
+    iteration_s: list[Finite]
+    comm_s: list[Finite]
+    compute_s: list[Finite] = Field(default_factory=list)
+    collective_s: list[Finite] | None = None
+    bucket_s: list[list[float]] | None = None
+    iteration_start_s: list[float] | None = None  # from the first iteration's start
+    summary: SeriesSummaries
+    wire_bytes_per_iteration: Finite
+    background_bytes_per_iteration: float = 0.0
+    hook_bytes_per_iteration: float = 0.0
+    stragglers: list[StragglerRow] | None = None
+    straggler_summary: StragglerSummary | None = None
+    link_states: list[str] | None = None
+    scaling_efficiency: Finite
+    busbw_bps: float = 0.0
+    busbw_over_link: float = 0.0
+    ring_lower_bound_s: float = 0.0
+    comm_over_ring_lower_bound: float | None = None
+    samples_per_iteration: int = 0
+    seconds_per_sample: float = 0.0
+    params: int = 0
+    world_size: int = 0
+    iterations: int = 0
+    skipped_steps: int = 0
+    profiler_allreduce_s: list[float] | None = None
+    link_bytes: list[LinkBytesRecord] = Field(default_factory=list)
+
+
+class CheckRecord(Record):
+    """A verdict (gate.Verdict): a check's name, outcome and the numbers behind it."""
+
+    name: str
+    passed: bool
+    detail: str
+    p_value: float | None = None
+
+
+class CpuLoadRecord(Record):
+    busy: float
+    steal: float
+    softirq: float
+
+
+class FidelityRecord(Record):
+    """The all-reduce probe (measure.probe.CollectiveFidelity) against the slowest link."""
+
+    size_bytes: int
+    world_size: int
+    busbw_bps: float
+    attempts_bps: list[float]
+    dtype_bps: list[dict[str, float]] = Field(default_factory=list)
+    expected_bps: float
+    fraction: float
+    min_fraction: float
+    trusted: bool
+    host_load: CpuLoadRecord | None = None
+    reason: str
+
+
+class NetworkRecord(Record):
+    """Each node's delay stage, and the delay-line forwarders' final counters."""
+
+    delay_backends: dict[str, str | None] = Field(default_factory=dict)
+    delay_line: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class LinkChangeRecord(Record):
+    mode: str
+    label: str
+    at_s: float  # planned offset in the window
+    offset_s: float  # when it was applied, from the window's start
+    monotonic_s: float
+
+
+class ScheduleWindowRecord(Record):
+    """One mode's measured window as [[link.schedule]] saw it."""
+
+    mode: str
+    start_monotonic: float
+    end_monotonic: float | None = None
+    changes: list[LinkChangeRecord] = Field(default_factory=list)
+
+
+class PlacementRecord(Record):
+    """Backend and GPUs the ranks got (placement.Placement)."""
+
+    requested: str
+    backend: str
+    gpus: dict[str, Any] | None = None
+    shared_gpus: bool = False
+    host_gpus: dict[str, Any] = Field(default_factory=dict)
+    refused: str | None = None
+    note: str | None = None
+    summary: str = ""
+
+
+class TransportRecord(Record):
+    """NCCL's own account of how it joined the nodes (workload.nccl.TransportEvidence)."""
+
+    ok: bool
+    summary: str
+    version: str | None = None
+    interfaces: list[str] = Field(default_factory=list)
+    networks: list[str] = Field(default_factory=list)
+    nccl_nodes: list[int] = Field(default_factory=list)
+    cross_node_transports: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+
+
+class _Judged(Record):
+    """A record with a status; `passed` (which CI scripts read) follows from it when absent."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _passed_from_status(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "passed" not in data and "status" in data:
+            data = {**data, "passed": data["status"] == "passed"}
+        return data
+
+
+class ScenarioRecord(_Judged):
+    """One scenario's run: its status, every mode's numbers, every check."""
+
+    _omit_none = frozenset({"scenario_digest"})
+
+    name: str
+    file: str | None = None
+    passed: bool = False
+    status: Status
+    refused: str | None = None
+    error: str | None = None
+    run_id: str = ""
+    out_dir: str | None = None
+    fidelity: FidelityRecord | None = None
+    host_load: CpuLoadRecord | None = None
+    network: NetworkRecord = Field(default_factory=NetworkRecord)
+    link_schedule: list[ScheduleWindowRecord] | None = None
+    hosts: dict[str, dict[str, Any]] | None = None  # multi-host: per node, its host and NIC
+    placement: PlacementRecord | None = None
+    transport: TransportRecord | None = None
+    modes: dict[str, ModeRecord] = Field(default_factory=dict)
+    checks: list[CheckRecord] = Field(default_factory=list)
+    scenario: dict[str, Any] | None = None  # the validated scenario, as JSON
+    scenario_digest: str | None = None  # content_digest(scenario): changes when the file does
+
+    def schedule_changes(self, mode: str) -> list[LinkChangeRecord]:
+        """The link changes [[link.schedule]] made in `mode`'s window."""
+        for window in self.link_schedule or []:
+            if window.mode == mode:
+                return window.changes
+        return []
+
+
+# -- sweeps ------------------------------------------------------------------------------------
+
+class PointModeRecord(Record):
+    """One mode at one sweep point: medians and what the cost model is fitted on."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    comm_sd_s: float
+    scaling_efficiency: float
+    throughput_samples_s: float
+    wire_bytes_per_iteration: float
+    hook_bytes_per_iteration: float
+    buckets: int
+    params: int
+
+
+class SweepPointRecord(Record):
+    values: dict[str, Any]
+    label: str
+    world_size: int
+    seconds: float = 0.0
+    status: Status
+    modes: dict[str, PointModeRecord] = Field(default_factory=dict)
+    scenario: ScenarioRecord
+
+
+class CostModelRecord(Record):
+    alpha_s: float
+    bandwidth_efficiency: float
+    overlap: float
+
+
+class StepPointRecord(Record):
+    """costmodel.StepPoint: one measured (or predicted) configuration of one mode."""
+
+    mode: str
+    world_size: int
+    link_bps: float
+    bytes_per_rank: float
+    buckets: int
+    compute_s: float
+    step_s: float | None = None
+    label: str = ""
+    step_samples: list[float] = Field(default_factory=list)
+
+
+class FitRecord(Record):
+    model: CostModelRecord
+    method: str = ""
+    fitted_points: list[StepPointRecord] = Field(default_factory=list)
+    relative_residuals: list[float] = Field(default_factory=list)
+    rms_relative_error: float
+    condition: float
+    identifiable: bool
+
+
+class HeldOutRecord(StepPointRecord):
+    predicted_s: float
+    error: float
+    measured_interval_s: list[float] | None = None
+    missed: bool = False
+    predicted_efficiency: float
+    measured_efficiency: float | None = None
+
+
+class HoldoutRecord(Record):
+    fit: FitRecord
+    held_out: list[HeldOutRecord]
+    errors_by_mode: dict[str, float] = Field(default_factory=dict)
+    max_abs_error: float
+    target: float
+    within_target: bool
+    met: bool = True
+    verdict: str | None = None
+
+
+class CalibrationSizeRecord(Record):
+    size: int
+    measured_s: float
+    modelled_s: float
+    error: float
+    held_out_s: float | None = None
+    held_out_error: float | None = None
+
+
+class ClusterRecord(Record):
+    """cluster.Cluster: the servers a calibrated projection runs on (network and NVLink)."""
+
+    gpus_per_server: int
+    gpus_source: str = ""
+    nvlink: dict[str, Any] = Field(default_factory=dict)
+    intra_calibrations: list[CalibrationRecord] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class CalibrationRecord(Record):
+    """calibrate.Calibration: nccl-tests all-reduce times of a real cluster."""
+
+    _omit_none = frozenset({"cluster"})
+
+    collective: str
+    world_size: int
+    hosts: int
+    gpus_per_host: int = 1
+    devices: list[str] = Field(default_factory=list)
+    sources: list[str]
+    method: str
+    busbw_bytes_per_s: float
+    tail_algbw_bytes_per_s: float | None = None
+    sizes: list[CalibrationSizeRecord]
+    max_abs_error_from_1MiB: float | None = None
+    max_abs_held_out_error_from_1MiB: float | None = None
+    alpha_beta_line: dict[str, float] = Field(default_factory=dict)
+    cluster: ClusterRecord | None = None  # a projection's network calibration: its servers
+
+
+class ProjectionRow(Record):
+    _omit_none = frozenset({"step_s_typical_alpha", "efficiency_typical_alpha", "servers",
+                            "gpus_per_server", "nvlink_s", "network_s"})
+
+    mode: str
+    gpus: int
+    link_bps: float  # 0 in a calibrated projection: the calibrated cluster's own links
+    step_s: float
+    allreduce_s: float
+    exposed_comm_s: float
+    efficiency: float
+    algorithm: str = "flat ring"
+    step_s_typical_alpha: float | None = None  # with a typical NCCL per-hop latency
+    efficiency_typical_alpha: float | None = None
+    servers: int | None = None  # calibrated: the servers the GPUs fill, and how many each holds
+    gpus_per_server: int | None = None
+    nvlink_s: float | None = None  # hierarchical and NVLink-only rows: the two levels' shares
+    network_s: float | None = None
+
+
+class ProjectionRecord(Record):
+    """costmodel.Projection: scaling efficiency at cluster sizes not measured, labelled."""
+
+    label: str
+    model: CostModelRecord
+    assumptions: list[str] = Field(default_factory=list)
+    alpha_source: str = ""
+    compute_s: dict[str, float]
+    bytes_per_rank: dict[str, float]
+    buckets: dict[str, int]
+    calibration: CalibrationRecord | None = None
+    typical_alpha_s: float | None = None
+    notes: list[str] = Field(default_factory=list)
+    rows: list[ProjectionRow]
+
+
+class SweepRecord(_Judged):
+    """A scenario run at several points, the cost model fitted on them and its projection."""
+
+    name: str
+    file: str | None = None
+    passed: bool = False
+    status: Status
+    refusals: list[str] = Field(default_factory=list)
+    host_steal: float = 0.0
+    seconds: float = 0.0
+    axes: dict[str, Any] | list[str]
+    config: dict[str, Any] = Field(default_factory=dict)
+    points: list[SweepPointRecord]
+    fit: FitRecord | None = None
+    holdout: HoldoutRecord | None = None
+    projection: ProjectionRecord | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+# -- the host ----------------------------------------------------------------------------------
+
+class CpuInfo(Record):
+    brand_raw: str | None = None  # pytest-benchmark's (py-cpuinfo's) name for the model
+    count: int | None = None
+
+
+class MachineInfo(Record):
+    """The host a run or baseline was measured on, in pytest-benchmark's `machine_info` keys
+    (its `compare` reads them), plus the torch version the ranks trained with."""
+
+    node: str | None = None  # hostname
+    machine: str | None = None
+    system: str | None = None
+    release: str | None = None  # the kernel
+    python_implementation: str | None = None
+    python_version: str | None = None
+    cpu: CpuInfo | None = None
+    torch_version: str | None = None
+
+    @classmethod
+    def of_this_host(cls) -> MachineInfo:
+        return cls(node=socket.gethostname(), machine=platform.machine(),
+                   system=platform.system(), release=platform.release(),
+                   python_implementation=platform.python_implementation(),
+                   python_version=platform.python_version(),
+                   cpu=CpuInfo(brand_raw=_cpu_model(), count=os.cpu_count()),
+                   torch_version=_torch_version())
+
+    # Not compared: a hostname says which machine, not what kind (CI runners get a new one
+    # each job, and the same kind of host times the same).
+    IDENTITY: ClassVar[frozenset[str]] = frozenset({"node"})
+
+    def differences(self, other: MachineInfo) -> list[str]:
+        """'field: mine != other's' for each field both record and that differs (a field one
+        of them lacks, e.g. from an older file, is not a difference)."""
+        mine, theirs = _flat(self.dump()), _flat(other.dump())
+        return [f"{key}: {mine[key]!r} != {theirs[key]!r}" for key in mine
+                if key not in self.IDENTITY and key in theirs and mine[key] is not None
+                and theirs[key] is not None and mine[key] != theirs[key]]
+
+
+def machine_warning(saved: MachineInfo | None, current: MachineInfo, source: str) -> str | None:
+    """A line when `source` (a baseline) was measured on another kind of host than this one:
+    absolute times move with the CPU, kernel and torch, so a regression may be the host's."""
+    if saved is None:
+        return None
+    differences = saved.differences(current)
+    if not differences:
+        return None
+    return (f"warning: {source} was measured on a different machine (saved != current): "
+            + "; ".join(differences))
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _torch_version() -> str | None:
+    """From the installed package's metadata: importing torch takes seconds."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
+def content_digest(data: Any) -> str:
+    """A stable hash of JSON-able content (key order does not matter)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat()
+
+
+# -- the document ------------------------------------------------------------------------------
+
+class ResultsDocument(Record):
+    """What `netsim-ddp run --json` (and the plugin's --netsim-json) writes."""
+
+    _omit_none = frozenset({"created_at", "machine_info"})
+
+    version: int = LEGACY_VERSION
+    netsim_ddp: str | None = None  # the netsim-ddp version that wrote it
+    created_at: str | None = None  # UTC, ISO 8601: when the run's document was made
+    machine_info: MachineInfo | None = None
+    scenarios: list[ScenarioRecord] = Field(default_factory=list)
+    sweeps: list[SweepRecord] = Field(default_factory=list)
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if not LEGACY_VERSION <= value <= SCHEMA_VERSION:
+            raise ValueError(f"schema version {value}; this netsim-ddp reads versions "
+                             f"{LEGACY_VERSION}-{SCHEMA_VERSION} (a newer netsim-ddp wrote it?)")
+        return value
+
+    @field_validator("created_at")
+    @classmethod
+    def _iso_time(cls, value: str | None) -> str | None:
+        if value is not None:
+            datetime.datetime.fromisoformat(value)  # ValueError names the field
+        return value
+
+    @classmethod
+    def new(cls, tool_version: str, scenarios: list[ScenarioRecord],
+            sweeps: list[SweepRecord]) -> ResultsDocument:
+        """A document of this run, stamped with the time and this host."""
+        return cls(version=SCHEMA_VERSION, netsim_ddp=tool_version, created_at=utc_now(),
+                   machine_info=MachineInfo.of_this_host(), scenarios=scenarios, sweeps=sweeps)
+
+    def to_json(self) -> str:
+        return json.dumps(self.dump(), indent=2)
+
+
+def parse_document(data: Any, source: str | Path = "<document>") -> ResultsDocument:
+    """A document from parsed JSON; DocumentError naming `source` and the first bad field."""
+    try:
+        return ResultsDocument.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(document)"
+        raise DocumentError(f"{source}: {where}: {error['msg']}") from None
+
+
+def load_document(path: str | Path) -> ResultsDocument:
+    """A results document from its file; DocumentError naming the file and the field if it
+    is unreadable or not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DocumentError(f"{path}: cannot read: {exc}") from None
+    except RecursionError:
+        raise DocumentError(f"{path}: cannot read: nested too deeply") from None
+    return parse_document(data, path)
+
+
+def save(document: ResultsDocument, path: str | Path) -> Path:
+    """Write atomically: a reader never sees half a document."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_whole(path, document.to_json() + "\n")
+
+
+__all__ = [
+    "LEGACY_VERSION", "SCHEMA_VERSION", "CalibrationRecord", "CheckRecord", "CpuInfo",
+    "CpuLoadRecord", "DocumentError", "FidelityRecord", "FitRecord", "HeldOutRecord",
+    "HoldoutRecord", "LinkBytesRecord", "LinkChangeRecord", "MachineInfo", "ModeRecord",
+    "NetworkRecord", "PlacementRecord", "PointModeRecord", "ProjectionRecord", "ProjectionRow",
+    "Record", "ResultsDocument", "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries",
+    "StepPointRecord", "StragglerRow", "StragglerSummary", "SummaryRecord", "SweepPointRecord",
+    "SweepRecord", "TransportRecord", "content_digest", "load_document", "machine_warning",
+    "parse_document", "save", "utc_now",
+]

@@ -1,0 +1,246 @@
+"""A collective's time against message size, calibrated from nccl-tests output, and a DDP
+projection from it.
+
+The curve. nccl-tests measures the whole range: latency-bound small messages, the protocol
+changes in the middle (LL -> LL128 -> Simple, tree -> ring), the bandwidth plateau. A single
+alpha-beta line t = a + S/B cannot follow that (it misses the middle several times over; the
+table reports that line's worst error next to the curve's). So the curve is the measurement
+itself, smoothed only where it must be:
+
+- inside the measured sizes: a monotone cubic (scipy's PchipInterpolator) through log(time)
+  against log(size), after an isotonic regression (scipy.optimize.isotonic_regression) makes
+  time non-decreasing in size: a larger message never takes less time, and noise at the
+  latency floor must not make the curve dip. PCHIP does not overshoot between points, and in
+  log-log space a straight segment is a power law, which is what a curve between protocol
+  regimes looks like.
+- above the largest size: an alpha-beta tail, t(Smax) + (S - Smax) / B, B the slope of time
+  against size over the largest sizes measured (the bandwidth plateau when the run reached it).
+- below the smallest size: t(Smin), the latency floor.
+
+Its error is reported two ways per size: the curve against the measurement (non-zero only where
+the isotonic step smoothed noise), and held out: the curve fitted without that size, predicting
+it (the honest number: how well the model predicts a size it did not see).
+
+The projection from a calibration (the network level, NVLink inside a server, the ring, tree
+and hierarchical all-reduce) is `cluster.py`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netsim_ddp.projection.nccl_tests import NcclParseError, NcclTestRun, parse_file, parse_text
+
+MIB = 2**20
+ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are reported too
+TAIL_POINTS = 4  # the largest sizes whose slope extrapolates beyond the measured range
+TREE_BANDWIDTH = 0.92 * 0.5  # NCCL's tree all-reduce: busbw x .92, algbw = busbw x .5
+# What a one-server run can calibrate: the NVLink phases of a hierarchical all-reduce.
+CALIBRATABLE_INTRA = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be fitted or used; the message is one line."""
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' busbw / algbw."""
+    n = world_size
+    if n <= 1:
+        return 1.0
+    return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
+
+
+@dataclass
+class Curve:
+    """Time (s) of one collective against size (bytes), see the module doc."""
+
+    sizes: np.ndarray
+    measured_s: np.ndarray
+    smoothed_s: np.ndarray = field(init=False)
+    tail_bytes_per_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        from scipy.interpolate import PchipInterpolator
+        from scipy.optimize import isotonic_regression
+
+        order = np.argsort(self.sizes)
+        self.sizes = np.asarray(self.sizes, dtype=float)[order]
+        self.measured_s = np.asarray(self.measured_s, dtype=float)[order]
+        if len(self.sizes) < 3:
+            raise CalibrationError(f"{len(self.sizes)} sizes measured: a curve needs 3 or more "
+                                   "(run nccl-tests with -b 8 -e 8G -f 2)")
+        log_t = isotonic_regression(np.log(self.measured_s)).x
+        self.smoothed_s = np.exp(log_t)
+        self._pchip = PchipInterpolator(np.log(self.sizes), log_t, extrapolate=False)
+        top = slice(-min(TAIL_POINTS, len(self.sizes)), None)
+        slope = np.polyfit(self.sizes[top], self.smoothed_s[top], 1)[0]
+        # A flat or falling tail (noise at the top) extrapolates at the largest size's algbw.
+        self.tail_bytes_per_s = float(1 / slope if slope > 0
+                                      else self.sizes[-1] / self.smoothed_s[-1])
+
+    def time_s(self, size: float | np.ndarray) -> np.ndarray:
+        s = np.atleast_1d(np.asarray(size, dtype=float))
+        low, high = self.sizes[0], self.sizes[-1]
+        inside = np.exp(self._pchip(np.log(np.clip(s, low, high))))
+        tail = self.smoothed_s[-1] + (s - high) / self.tail_bytes_per_s
+        return np.where(s > high, tail, np.where(s < low, self.smoothed_s[0], inside))
+
+    def __call__(self, size: float) -> float:
+        return float(self.time_s(size)[0])
+
+    def held_out_s(self) -> np.ndarray:
+        """Each size predicted by the curve fitted on all the other sizes (NaN with fewer
+        than 4 sizes: the others would be too few for a curve)."""
+        out = np.full(len(self.sizes), math.nan)
+        if len(self.sizes) < 4:
+            return out
+        for i in range(len(self.sizes)):
+            keep = np.arange(len(self.sizes)) != i
+            out[i] = Curve(self.sizes[keep], self.measured_s[keep])(self.sizes[i])
+        return out
+
+
+def alpha_beta_line(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """(alpha s, bytes/s) of the single line t = alpha + S/B fitted on relative error: what
+    the curve is compared against."""
+    from scipy.optimize import lsq_linear
+
+    design = np.column_stack([1 / times, sizes / times])
+    fitted = lsq_linear(design, np.ones(len(times)), bounds=(0, np.inf))
+    alpha, inverse_bandwidth = fitted.x
+    return float(alpha), float(1 / inverse_bandwidth) if inverse_bandwidth > 0 else math.inf
+
+
+@dataclass
+class Calibration:
+    """One collective at one world size, from one or more nccl-tests runs."""
+
+    collective: str
+    world_size: int
+    hosts: int
+    gpus_per_host: int
+    devices: list[str]
+    sources: list[str]
+    curve: Curve
+
+    @property
+    def label(self) -> str:
+        return (f"{self.collective} on {self.world_size} GPUs ({self.hosts} hosts x "
+                f"{self.gpus_per_host}), from {', '.join(self.sources)}")
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        """The bus bandwidth plateau: busbw at the slope of the largest sizes (not the largest
+        busbw printed: a shaper's burst lets a mid-size message beat the link)."""
+        return bus_factor(self.collective, self.world_size) * self.curve.tail_bytes_per_s
+
+    def table(self) -> list[dict[str, Any]]:
+        modelled = self.curve.time_s(self.curve.sizes)
+        held = self.curve.held_out_s()
+        return [{"size": int(size), "measured_s": float(t), "modelled_s": float(m),
+                 "error": float((m - t) / t),
+                 "held_out_s": None if math.isnan(h) else float(h),
+                 "held_out_error": None if math.isnan(h) else float((h - t) / t)}
+                for size, t, m, h in zip(self.curve.sizes, self.curve.measured_s, modelled, held,
+                                         strict=True)]
+
+    def as_dict(self) -> dict[str, Any]:
+        rows = self.table()
+        big = [row for row in rows if row["size"] >= ERROR_FROM_BYTES]
+        alpha, bandwidth = alpha_beta_line(self.curve.sizes, self.curve.measured_s)
+        line = alpha + self.curve.sizes / bandwidth
+        line_errors = np.abs(line - self.curve.measured_s) / self.curve.measured_s
+        return {
+            "collective": self.collective, "world_size": self.world_size, "hosts": self.hosts,
+            "gpus_per_host": self.gpus_per_host, "devices": self.devices,
+            "sources": self.sources,
+            "method": "isotonic + PCHIP in log-log, alpha-beta tail above the largest size",
+            "busbw_bytes_per_s": self.busbw_bytes_per_s,
+            "tail_algbw_bytes_per_s": self.curve.tail_bytes_per_s,
+            "sizes": rows,
+            "max_abs_error_from_1MiB": max((abs(r["error"]) for r in big), default=None),
+            "max_abs_held_out_error_from_1MiB": max(
+                (abs(r["held_out_error"]) for r in big if r["held_out_error"] is not None),
+                default=None),
+            "alpha_beta_line": {"alpha_s": alpha, "algbw_bytes_per_s": bandwidth,
+                                "max_abs_error": float(line_errors.max())},
+        }
+
+
+def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
+    """One calibration per (collective, world size, hosts); several runs of the same kind
+    (repeats, or -b/-e ranges split over runs) are merged, a size measured twice by its
+    median."""
+    groups: dict[tuple[str, int, int], list[NcclTestRun]] = {}
+    for run in runs:
+        assert run.collective is not None  # parse checks it
+        groups.setdefault((run.collective, run.world_size, len(run.hosts)), []).append(run)
+    out = []
+    for (collective, world, hosts), group in groups.items():
+        by_size: dict[int, list[float]] = {}
+        for run in group:
+            for row in run.rows:
+                if row.size > 0:
+                    by_size.setdefault(row.size, []).append(row.time_s)
+        if any(t <= 0 for times in by_size.values() for t in times):
+            raise CalibrationError(f"{group[0].where}: a time of 0 us: the clock resolution "
+                                   "hides these sizes; drop them or rerun")
+        sizes = np.array(sorted(by_size), dtype=float)
+        times = np.array([float(np.median(by_size[int(s)])) for s in sizes])
+        try:
+            curve = Curve(sizes, times)
+        except CalibrationError as exc:
+            raise CalibrationError(f"{group[0].where}: {exc}") from None
+        devices = sorted({rank.device_name for run in group for rank in run.ranks})
+        out.append(Calibration(collective, world, hosts, group[0].gpus_per_host, devices,
+                               list(dict.fromkeys(run.where for run in group)), curve))
+    return out
+
+
+def projection_use(calibration: Calibration, calibratable: Sequence[str]) -> str:
+    """What a projection does with this calibration, in one line."""
+    kind = calibration.collective
+    if calibration.hosts > 1 and kind == "all_reduce":
+        return "projections: the network level (ring, tree, and the hierarchical network phase)"
+    if calibration.hosts == 1 and kind in CALIBRATABLE_INTRA:
+        return (f"projections: the NVLink level inside a server of {calibration.world_size} "
+                f"GPUs ({'half of it per phase' if kind == 'all_reduce' else 'its phase'} of "
+                "the hierarchical all-reduce)")
+    fitted = "fitted" if kind in calibratable else "fitted anyway"
+    return (f"{kind} on {calibration.hosts} hosts: {fitted}, not used by projections (DDP "
+            "all-reduces its gradients; a one-server run gives NVLink, a multi-host all_reduce "
+            "the network)")
+
+
+def load(paths: Sequence[str | Path], collective: str | None = None) -> list[Calibration]:
+    """Parse and fit the files; `collective` names runs the files do not name themselves."""
+    runs: list[NcclTestRun] = []
+    for path in paths:
+        try:
+            runs += parse_file(path)
+        except NcclParseError as exc:
+            if collective is None or "which collective" not in str(exc):
+                raise
+            runs += _named(path, collective)
+    return calibrations(runs)
+
+
+def _named(path: str | Path, collective: str) -> list[NcclTestRun]:
+    text = Path(path).read_text(errors="replace")
+    return parse_text(f"# Collective test starting: {collective}_perf\n" + text, str(path))
+
+
+def load_allreduce(path: str | Path) -> Calibration:
+    """The all-reduce calibration a projection uses: the largest world size in the file."""
+    found = [c for c in load([path]) if c.collective == "all_reduce"]
+    if not found:
+        raise CalibrationError(f"{path}: no all_reduce run (DDP all-reduces its gradients; run "
+                               "all_reduce_perf)")
+    return max(found, key=lambda c: c.world_size)

@@ -1,0 +1,607 @@
+"""One scenario, end to end: build its network, check the host can drive it, train every mode
+on it, and account for what each mode put on the wire.
+
+The order matters for trust: the all-reduce probe runs before any training, so a network this
+host cannot emulate faithfully is refused with a reason instead of producing numbers that
+measure the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from netsim_ddp.common.metrics import ring_allreduce_lower_bound, summarize
+from netsim_ddp.common.signals import SIGNAL_DIR_ENV
+from netsim_ddp.fabric import Fabric
+from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
+from netsim_ddp.fabric.delayline import health as delay_line_health
+from netsim_ddp.fabric.fidelity import slowest_link_goodput
+from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.probe import CollectiveFidelity
+from netsim_ddp.precision.modes import (
+    MODES,
+    REFERENCE_MODE,
+    get_mode,
+    wire_ratio,
+)
+from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.verdicts.crossing import CrossingVerdict, expected_cross_node
+from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
+from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
+from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
+from netsim_ddp.workload.collective import (
+    AGAIN,
+    TRAIN,
+    AllreduceProbe,
+    attempt_dir,
+    busbw_samples,
+    give_verdict,
+    read_probe,
+)
+from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
+from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
+from netsim_ddp.workload.nccl import rank_log_lines, verify_transport
+from netsim_ddp.workload.placement import place
+from netsim_ddp.workload.window import NODE_ENV
+
+PROBE_MIN_BYTES = 8 * 2**20
+PROBE_MAX_BYTES = 64 * 2**20
+WIRE_RATIO_TOLERANCE = 0.03  # of the ratio: DDP's own few bytes outside the buckets
+
+Progress = Callable[[str], None]
+
+
+class Launcher(Protocol):
+    """How a run's ranks are started: on the emulated nodes of a fabric (`run`), or one
+    torchrun per real host (`netsim-ddp host`). Each rank reads its own NIC's counters at the
+    measured window's edges, so the accounting is the same either way."""
+
+    def __call__(self, spec: RankSpec, out_dir: Path, timeout_s: float, *,
+                 profile: bool = False,
+                 env: Mapping[str, str] | None = None,
+                 watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]: ...
+
+
+def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
+                 iterations: int | None = None, profile: bool = False,
+                 allow_untrusted: bool = False, timeout_s: float | None = None,
+                 progress: Progress = lambda message: None,
+                 on_built: Callable[[Fabric], None] | None = None) -> ScenarioReport:
+    """Build the scenario's network, probe it, train every mode on it; everything is removed
+    before this returns, whatever happens. `on_built(fabric)` runs once the network exists,
+    before anything runs in it (to add your own kernel objects: routes, extra links)."""
+    workload = scenario.workload
+    if workload is None:
+        raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
+                         "add a [workload] section (see README)")
+    if iterations is not None:
+        workload = workload.model_copy(update={"iterations": iterations})
+    placement = place(workload, scenario.topology)
+    if placement.refused:  # before any network is built: this host cannot run it
+        return ScenarioReport(scenario, placement=placement, refused=placement.refused)
+    workload = workload.model_copy(update={"backend": placement.backend})
+    fabric = Fabric(scenario)
+    out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
+    report = ScenarioReport(scenario, out_dir=out, placement=placement)
+    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
+    try:
+        trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
+                         timeout_s, progress, on_built)
+    finally:  # the delay line's counters are final once the fabric is gone
+        report.delay_line_stats = fabric.delay_line_stats
+    report.checks.extend(delay_line_checks(fabric.delay_lines, fabric.delay_line_stats,
+                                           trained[0] if trained else {}, multi_node=
+                                           scenario.topology.nodes > 1))
+    if trained is None:
+        return report
+    finish_report(report, *trained)
+    return report
+
+
+def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
+                  background: BackgroundBytes) -> None:
+    """Wire accounting, then every check and verdict: one code path for every launcher."""
+    scenario = report.scenario
+    link_bps, _ = slowest_link_goodput(scenario)
+    for mode, result in results.items():
+        total, bg = _window_bytes(result, background)
+        _check_background_followed(result, background)
+        report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
+                                        bg / result.iterations, link_bps,
+                                        node_names=scenario.topology.node_names,
+                                        ranks_per_node=scenario.topology.ranks_per_node)
+    report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
+    report.checks.extend(background_checks(scenario.background, background, results))
+    report.checks.extend(wire_ratio_checks(report.modes))
+    report.checks.extend(crossing_checks(scenario, report.modes))
+    if report.link_schedule is not None:
+        attach_link_states(report.modes, report.link_schedule)
+        report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule))
+    # The default claim is about the network: a single node's ranks never touch it.
+    expectations = (scenario.expect if scenario.expect is not None
+                    else default_expectations(list(report.modes))
+                    if scenario.topology.nodes > 1 else [])
+    report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
+
+
+def run_folder(base: Path | None, run_id: str) -> Path:
+    """A folder only this run writes: `base/run-<run id>`, made fresh, with `base/latest`
+    pointing at it (a temporary folder without `base`). A folder shared with an earlier run
+    would replay its signals to the background flows and lend it its result and error files."""
+    if base is None:
+        return Path(tempfile.mkdtemp(prefix=f"netsim-ddp-run-{run_id}-"))
+    base.mkdir(parents=True, exist_ok=True)
+    out = base / f"run-{run_id}"
+    out.mkdir()  # FileExistsError rather than share one
+    latest = base / f".latest-{run_id}"
+    latest.symlink_to(out.name)
+    latest.replace(base / "latest")  # atomic: parallel runs never see it half-made
+    return out
+
+
+def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
+           profile: bool, allow_untrusted: bool, timeout_s: float | None,
+           progress: Progress, on_built: Callable[[Fabric], None] | None = None,
+           ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+    """Inside the built fabric: the probe, then every mode. None if the probe refused."""
+    with fabric:
+        report.run_id = fabric.run_id
+        report.delay_backends = fabric.delay_backends
+        if on_built is not None:
+            on_built(fabric)
+        placement = report.placement or place(workload, scenario.topology)
+        node_env = placement.node_env(fabric.run_id, [node.name for node in fabric.nodes])
+
+        def on_fabric(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+                      env: Mapping[str, str] | None = None,
+                      watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+            return launch(fabric.nodes, spec, out_dir, timeout_s,
+                          ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
+                          env=env, watchdog=watchdog, node_env=node_env)
+
+        plan = fabric.plan
+        assert plan is not None  # the fabric is built inside this block
+        return probe_and_train(
+            scenario, workload, report, out, on_fabric, profile=profile,
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s, progress=progress,
+            traffic=lambda signals: BackgroundTraffic(fabric, scenario.background,
+                                                      signals=signals),
+            watch=lambda traffic: watchdog(fabric, traffic),
+            scheduler=lambda schedule, signals: LinkScheduler(plan.nodes, plan.switch_netns,
+                                                              schedule, signals),
+            gated_probe=True)
+
+
+class _NoTraffic(contextlib.AbstractContextManager):
+    def __exit__(self, *_exc) -> None:
+        return None
+
+    def stop(self) -> BackgroundBytes:
+        return BackgroundBytes()
+
+    def check(self) -> None:
+        return None
+
+
+def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: Path,
+                    launcher: Launcher, *, profile: bool, allow_untrusted: bool,
+                    timeout_s: float | None, progress: Progress,
+                    traffic: Callable[[Path], Any] = lambda signals: _NoTraffic(),
+                    watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
+                    scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
+                    gated_probe: bool = False,
+                    ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
+    """The probe, then every mode, through `launcher`. None if the probe refused.
+
+    `traffic` starts the background flows, `watch` turns them (None while probing) into the
+    launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot).
+    `gated_probe`: the launcher's ranks may run the probe and wait for its verdict in the
+    training launch itself (_ProbeGate); else the probe gets launches of its own."""
+    link_bps, _ = slowest_link_goodput(scenario)
+    nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
+    probing: _ProbeAttempts | None = None
+    # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport between
+    # nodes, which must be verified before anything is measured.
+    if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
+        progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
+        if gated_probe and not nccl:
+            probing = _ProbeAttempts(scenario, workload)
+        else:
+            fidelity = _probe_collective(launcher, scenario, out / "probe", timeout_s,
+                                         progress, watch(None), workload=workload,
+                                         attempts=None if scenario.fidelity.enabled else 1)
+            if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
+                return None
+            if scenario.fidelity.enabled and not _fidelity_judged(report, fidelity,
+                                                                  allow_untrusted):
+                return None
+    training = (f"{scenario.name}: training {', '.join(workload.modes)} ({workload.warmup} "
+                f"warm-up + {workload.iterations} measured iterations each)")
+    before = CpuTimes.read()
+
+    def on_train() -> None:  # the gated probe's verdict: train
+        nonlocal before
+        assert probing is not None
+        _fidelity_judged(report, probing.fidelity, allow_untrusted)
+        before = CpuTimes.read()
+        progress(training)
+
+    if probing is None:
+        progress(training)
+    signals = out / "signals"
+    signals.mkdir(parents=True)  # this run's own: an older run's files would replay
+    spec = RankSpec(workload=workload, allreduce_probe=probing.probe if probing else None,
+                    probe_gated=probing is not None)
+    timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps)
+                              + (probing.limit * probing.attempt_timeout_s if probing else 0))
+    schedule = plan_schedule(scenario)
+    if schedule and scheduler is None:
+        raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
+                            "launcher; remove it or run the scenario with `netsim-ddp run`")
+    report.link_schedule = scheduler(schedule, signals) if schedule and scheduler else None
+    try:
+        with traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
+            gate = (_ProbeGate(probing, out / "train", allow_untrusted, progress, on_train)
+                    if probing else None)
+            results = launcher(spec, out / "train", timeout_s, profile=profile,
+                               env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
+                               watchdog=_chained(gate, watch(flows)))
+            report.host_load = CpuLoad.between(before, CpuTimes.read())
+            background = flows.stop()
+    except _ProbeRefused:
+        assert probing is not None
+        _fidelity_judged(report, probing.fidelity, allow_untrusted)
+        report.link_schedule = None  # no mode ran: nothing was scheduled
+        return None
+    if nccl and not _transport_verified(report, scenario, out / "train"):
+        return None
+    return results, background
+
+
+def _fidelity_judged(report: ScenarioReport, fidelity: CollectiveFidelity,
+                     allow_untrusted: bool) -> bool:
+    """Record the probe's verdict; False (the run refused) if the host cannot drive the links
+    and the run may not go on untrusted."""
+    report.fidelity = fidelity
+    report.checks.append(Verdict("fidelity", fidelity.trusted, fidelity.reason))
+    if not fidelity.trusted and not allow_untrusted:
+        report.refused = fidelity.reason
+        return False
+    return True
+
+
+def _chained(*checks: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One watchdog that calls each given one in turn (None if there are none)."""
+    present = [check for check in checks if check is not None]
+    if not present:
+        return None
+
+    def check_all() -> None:
+        for check in present:
+            check()
+
+    return check_all
+
+
+def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
+    """What launch calls while the ranks run: a forwarder or background flow that died ends
+    the run at once with its reason (not a gloo timeout minutes later), and the forwarders
+    report their counters every SNAPSHOT_EVERY_S, for the per-mode checks."""
+    last_snapshot = [time.monotonic()]
+
+    def check() -> None:
+        fabric.check_delay_lines()
+        if traffic is not None:
+            traffic.check()
+        if time.monotonic() - last_snapshot[0] >= delay_line_health.SNAPSHOT_EVERY_S:
+            last_snapshot[0] = time.monotonic()
+            for monitor in fabric.delay_lines.values():
+                monitor.request_snapshot()
+
+    return check
+
+
+def delay_line_checks(monitors, final_stats: dict[str, dict[str, object]],
+                      results: dict[str, ModeResult], multi_node: bool) -> list[Verdict]:
+    """Each mode's measured window, then the forwarders' whole life (the probe included),
+    against the bounds in fabric/delayline/health.py; none without a delay line."""
+    if not final_stats and not monitors:
+        return []
+    checks = []
+    for mode, result in results.items():
+        window = _measured_window(result)
+        if window is None:
+            continue  # no link marks: measurement_checks reports that
+        found = delay_line_health.judge_window(monitors, *window, expect_traffic=multi_node)
+        checks.append(Verdict(f"delay-line:{mode}", all(h.passed for h in found),
+                              f"in {mode}'s measured window: " + "; ".join(
+                                  h.detail for h in found if not h.passed or
+                                  all(h.passed for h in found))))
+    final = delay_line_health.judge_final(final_stats)
+    checks.append(Verdict("delay-line", all(h.passed for h in final),
+                          "over the whole run: " + "; ".join(h.detail for h in final)))
+    return checks
+
+
+def measurement_checks(modes: dict[str, ModeReport], nodes: int) -> list[Verdict]:
+    """A counter that saw nothing is a broken measurement, never a zero: the comm hook must
+    have counted gradient bytes wherever there is more than one rank, and across nodes the
+    links must have carried more than the background traffic did."""
+    checks = []
+    for mode, report in modes.items():
+        problems = []
+        if report.result.world_size > 1 and report.result.sent_bytes_per_iteration <= 0:
+            problems.append("the comm hook counted no gradient bytes (did it run?)")
+        if nodes > 1 and not report.wire_bytes_per_iteration > 0:
+            problems.append(
+                f"the links carried {report.wire_bytes_per_iteration:.0f} training bytes per "
+                f"iteration after subtracting {report.background_bytes_per_iteration:.0f} of "
+                "background: the link counters or the background accounting are broken")
+        if problems:
+            checks.append(Verdict(f"measured:{mode}", False, f"{mode}: " + "; ".join(problems)))
+    return checks
+
+
+BACKGROUND_MIN_ON_S = 0.05  # a flow scheduled on for less may fairly have sent nothing
+
+
+def background_checks(flows, background: BackgroundBytes,
+                      results: dict[str, ModeResult]) -> list[Verdict]:
+    """Did every flow send within each mode's measured window when its schedule was on? A
+    flow that sent nothing there left the mode uncontended, and 0 background bytes would read
+    as a measurement."""
+    if not flows:
+        return []
+    if len(background.senders) != len(flows):
+        return [Verdict("background", False, f"{len(flows)} flows but {len(background.senders)} "
+                                             "senders reported their counters")]
+    checks = []
+    for mode, result in results.items():
+        window = _measured_window(result)
+        if window is None:
+            continue
+        notes, silent = [], False
+        for index, (flow, series) in enumerate(zip(flows, background.senders, strict=True)):
+            on_s = scheduled_on_s(flow, window[1] - window[0])
+            sent = BackgroundBytes((series,)).between(*window)
+            name = f"flow {index} ({flow.source} -> {flow.destination})"
+            if on_s >= BACKGROUND_MIN_ON_S and not sent > 0:
+                silent = True
+                notes.append(f"{name} was scheduled on for {on_s:.2f} s but sent nothing")
+            else:
+                notes.append(f"{name} sent {sent / 1e6:.1f} MB in {on_s:.2f} s scheduled on")
+        checks.append(Verdict(f"background:{mode}", not silent,
+                              f"in {mode}'s measured window: " + "; ".join(notes)))
+    return checks
+
+
+def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path) -> bool:
+    """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0? If not, the run
+    is refused with the lines that show what it did instead."""
+    report.transport = verify_transport(rank_log_lines(launch_out / "logs"),
+                                        scenario.topology.nodes, scenario.topology.ranks_per_node)
+    if not report.transport.ok:
+        report.refused = ("NCCL did not use the emulated network between nodes, so its numbers "
+                          f"would not measure it: {report.transport.summary()} (rank logs in "
+                          f"{launch_out / 'logs'})")
+    return report.transport.ok
+
+
+def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
+    """Does each mode put on the wire what its wire dtype promises, relative to fp32?"""
+    checks = []
+    reference = REFERENCE_MODE
+    for mode in modes:
+        if mode == reference or mode not in MODES:
+            continue
+        expected = wire_ratio(mode, reference)
+        # One node sends nothing over the network: no ratio to check.
+        if reference in modes and modes[reference].wire_bytes_per_iteration:
+            ratio = (modes[mode].wire_bytes_per_iteration
+                     / modes[reference].wire_bytes_per_iteration)
+            ok = abs(ratio - expected) <= WIRE_RATIO_TOLERANCE
+            checks.append(Verdict(
+                f"wire-bytes:{mode}/{reference}", ok,
+                f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
+                f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
+    return checks
+
+
+def crossing_checks(scenario: Scenario, modes: dict[str, ModeReport]) -> list[Verdict]:
+    """Per mode: did its all-reduces cross the shaped links, as many bytes as they should?
+    (verdicts.crossing). Nothing to check with one node: no link carries the collectives."""
+    topology = scenario.topology
+    if topology.nodes < 2:
+        return []
+    checks = []
+    for name, mode in modes.items():
+        result = mode.result
+        expectation = expected_cross_node(result.backend, topology.nodes,
+                                          topology.ranks_per_node,
+                                          result.sent_bytes_per_iteration, scenario.link.mtu)
+        verdict = CrossingVerdict(name, expectation, mode.wire_bytes_per_iteration)
+        checks.append(Verdict(f"crossed:{name}", verdict.passed, verdict.detail))
+    return checks
+
+
+def _link_marks(result: ModeResult) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """(start, end) link counters of every node: local rank 0 of each reads its node's."""
+    nodes = result.world_size // max(result.local_world_size, 1)
+    leaders = [rank for rank in result.ranks if rank.local_rank == 0]
+    missing = [rank.rank for rank in leaders if not rank.link_marks]
+    if missing or len(leaders) != nodes:
+        raise WorkloadError(
+            f"mode {result.mode}: {len(leaders) - len(missing)} of {nodes} nodes reported their "
+            f"link counters (ranks {missing} did not): their bytes would count as zero")
+    marks = []
+    for rank in leaders:
+        assert rank.link_marks is not None
+        if len(rank.link_marks) != 2:
+            raise WorkloadError(f"mode {result.mode}: rank {rank.rank} reported "
+                                f"{len(rank.link_marks)} link marks, not start and end")
+        start, end = rank.link_marks
+        if end["sent_bytes"] < start["sent_bytes"] or end["monotonic_s"] < start["monotonic_s"]:
+            raise WorkloadError(f"mode {result.mode}: rank {rank.rank}'s link counters went "
+                                f"backwards ({start} -> {end})")
+        marks.append((start, end))
+    return marks
+
+
+def _measured_window(result: ModeResult) -> tuple[float, float] | None:
+    """(start, end) CLOCK_MONOTONIC of the mode's measured iterations, from the link marks."""
+    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
+    if not marks:
+        return None
+    return (min(m[0]["monotonic_s"] for m in marks), max(m[-1]["monotonic_s"] for m in marks))
+
+
+def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
+    """(all bytes the nodes sent, background's share) within the mode's measured window."""
+    marks = _link_marks(result)
+    total = sum(end["sent_bytes"] - start["sent_bytes"] for start, end in marks)
+    begin = min(start["monotonic_s"] for start, _ in marks)
+    finish = max(end["monotonic_s"] for _, end in marks)
+    return total, background.between(begin, finish)
+
+
+def _probe_results(out: Path, dtypes: Sequence[str]) -> tuple[dict[str, float], list]:
+    """Each dtype's median bus bandwidth from one probe attempt, and the attempt's results
+    as read; a missing file, dtype or
+    timing is an error, never a bandwidth (a zero duration would read as infinitely fast)."""
+    try:
+        results = read_probe(out)
+    except (OSError, ValueError) as exc:
+        raise WorkloadError(f"the all-reduce probe left no readable result in {out}: {exc}") \
+            from None
+    by_dtype: dict[str, float] = {}
+    for result in results:
+        if not result.seconds or not all(0 < s < math.inf for s in result.seconds):
+            raise WorkloadError(f"the all-reduce probe timed {result.dtype} as {result.seconds} "
+                                "s: no usable measurement")
+        by_dtype[result.dtype] = summarize(busbw_samples(result)).median
+    if missing := [dtype for dtype in dtypes if dtype not in by_dtype]:
+        raise WorkloadError(f"the all-reduce probe reported nothing for {', '.join(missing)} "
+                            f"(asked {', '.join(dtypes)})")
+    return by_dtype, results
+
+
+def _check_background_followed(result: ModeResult, background: BackgroundBytes) -> None:
+    """Every background sender must have followed this mode's measured window; else the
+    background bytes are not a measurement of it (0 would pass for "no traffic")."""
+    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
+    begin = min(start["monotonic_s"] for start, _ in marks)
+    finish = max(end["monotonic_s"] for _, end in marks)
+    missed = background.missed_window(result.mode, begin, finish)
+    if missed:
+        raise WorkloadError(f"mode {result.mode}: background traffic did not run in its measured "
+                            f"window: {'; '.join(missed)}")
+
+
+class _ProbeAttempts:
+    """The all-reduce probe's attempts and their verdict: attempt after attempt until one
+    reaches fidelity.min_fraction or none are left. `workload`: with the backend resolved."""
+
+    def __init__(self, scenario: Scenario, workload, attempts: int | None = None):
+        size = min(max(workload.params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
+        self.dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
+        self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes})
+        _, goodput = slowest_link_goodput(scenario)
+        world = scenario.topology.nodes * scenario.topology.ranks_per_node
+        self.fidelity = CollectiveFidelity(size, world, [], goodput,
+                                           scenario.fidelity.min_fraction)
+        self.limit = attempts or scenario.fidelity.attempts
+        # Generous: every dtype's timed all-reduces (and warm-up) at 20x the ideal ring time.
+        ideal = ring_allreduce_lower_bound(size, world, goodput)
+        self.attempt_timeout_s = 20 * ideal * len(self.dtypes) * (
+            self.probe.warmup + self.probe.iterations)
+        self.name = scenario.name
+
+    def judge(self, attempt_out: Path) -> bool:
+        """Read one attempt's results into the fidelity; True once no attempt is to follow
+        (this one reached min_fraction, or went over the cap, or it was the last)."""
+        by_dtype, results = _probe_results(attempt_out, self.dtypes)
+        fidelity = self.fidelity
+        fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
+                                   if r.host_load), None)
+        fidelity.dtype_bps.append(by_dtype)
+        fidelity.attempts_bps.append(min(by_dtype.values()))
+        # More attempts cannot undo an overshoot.
+        reached = fidelity.fraction >= fidelity.min_fraction
+        return reached or len(fidelity.attempts_bps) >= self.limit
+
+    def retrying(self) -> str:
+        return (f"{self.name}: all-reduce probe attempt {len(self.fidelity.attempts_bps) + 1} of "
+                f"{self.limit} (so far {self.fidelity.fraction:.0%} of the link)")
+
+
+def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
+                      timeout_s: float | None, progress: Progress,
+                      watchdog: Callable[[], None] | None = None, *, workload=None,
+                      attempts: int | None = None) -> CollectiveFidelity:
+    """The probe in launches of its own, one per attempt (where the launcher cannot hold the
+    training back while the harness judges it: multi-host, and NCCL, whose transport is read
+    from the probe launch's finished logs). `workload`: with the backend resolved (default:
+    the scenario's)."""
+    workload = workload or scenario.workload
+    assert workload is not None  # only a training scenario is probed
+    probing = _ProbeAttempts(scenario, workload, attempts)
+    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
+    for attempt in range(probing.limit):
+        if attempt:
+            progress(probing.retrying())
+        attempt_out = out / f"attempt{attempt}"
+        launcher(spec, attempt_out, timeout_s or 90 + probing.attempt_timeout_s,
+                 watchdog=watchdog)
+        if probing.judge(attempt_out):
+            break
+    return probing.fidelity
+
+
+class _ProbeRefused(Exception):
+    """Raised from the launch's watchdog: the host cannot drive the links; the launch ends."""
+
+
+class _ProbeGate:
+    """The probe inside the training launch (RankSpec.probe_gated), one start-up instead of two:
+    called with the launch's watchdog, it judges each attempt as its results appear and tells
+    the ranks to probe again or to train, or ends the launch (_ProbeRefused) when the host
+    cannot drive the links and the run may not go on untrusted."""
+
+    def __init__(self, probing: _ProbeAttempts, launch_out: Path, allow_untrusted: bool,
+                 progress: Progress, on_train: Callable[[], None]):
+        self.probing, self.launch_out = probing, launch_out
+        self.allow_untrusted, self.progress, self.on_train = allow_untrusted, progress, on_train
+        self.decided = False
+
+    def __call__(self) -> None:
+        if self.decided:
+            return
+        # the next attempt to judge: one per attempt judged so far
+        folder = attempt_dir(self.launch_out, len(self.probing.fidelity.attempts_bps))
+        if not (folder / PROBE_RESULT_FILE).exists():
+            return
+        if not self.probing.judge(folder):
+            self.progress(self.probing.retrying())
+            give_verdict(folder, AGAIN)
+            return
+        self.decided = True
+        if not (self.probing.fidelity.trusted or self.allow_untrusted):
+            raise _ProbeRefused(self.probing.fidelity.reason)
+        self.on_train()
+        give_verdict(folder, TRAIN)
+
+
+def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:
+    """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s)."""
+    world = scenario.topology.nodes * scenario.topology.ranks_per_node
+    step = max(2.0, 10 * ring_allreduce_lower_bound(workload.params * 4, world, link_bps))
+    steps = len(workload.modes) * (workload.warmup + workload.iterations) * 2
+    return 120 + steps * step * workload.grad_accumulation

@@ -1,0 +1,351 @@
+"""The history gate: a metric's series over many runs, its change points, and a verdict on the
+newest run.
+
+A baseline gate compares one run with one saved run: five merges each 3% slower never trip its
+10%. Here every earlier run counts. Per scenario, mode and metric:
+
+- the series of per-run values (e.g. each run's median iteration time), in the runs' order;
+- its change points (verdicts.changepoint: E-divisive's permutation test), each with where,
+  from what to what, how large and how sure;
+- the verdict on the newest run, asv's rule: a regression is measured from the BEST level the
+  history reached before it (so a creep of small steps adds up), and is flagged only when it
+  is beyond the tolerance AND significant: its per-iteration samples against the best
+  segment's (the baseline gate's Mann-Whitney test; wire bytes are exact counts), and, where
+  the best level has three runs or more, its value outside their run-to-run spread (the
+  prediction interval of one more run), since a run's own samples cannot show how much whole
+  runs move. The best level comes from the change points of the runs before the newest one,
+  so the newest run is judged on its own from the first run on a new level.
+
+Series are never mixed silently: runs of a scenario whose file changed (its digest), or that
+ran on another kind of host (CPU model and count, architecture, torch version; not the
+hostname, since CI runners are new machines every time), form series of their own, the output
+says so, and only the series with the newest run of that scenario gates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from netsim_ddp.measure.document import (
+    DocumentError,
+    MachineInfo,
+    ModeRecord,
+    ResultsDocument,
+    ScenarioRecord,
+    content_digest,
+    load_document,
+)
+from netsim_ddp.verdicts.changepoint import Segmentation, segment
+from netsim_ddp.verdicts.gate import (
+    DEFAULT_ALPHA,
+    HIGHER_IS_BETTER,
+    Metric,
+    Tolerance,
+    Verdict,
+    regression_verdict,
+)
+
+DEFAULT_METRICS = ("iteration_s.median", "comm_s.median", "scaling_efficiency.median",
+                   "wire_bytes_per_iteration")
+# Run-to-run, medians of `default` move 0.6-2.1% here (README); 5% is beyond that noise and
+# below the baseline gate's 10%, which a creep slips under.
+DEFAULT_TOLERANCE = 0.05
+MIN_RUNS_FOR_SPREAD = 3  # runs of the best level before their spread is trusted
+
+
+class HistoryError(ValueError):
+    """History that cannot be judged: an unreadable file, a bad option."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One results document of the history, numbered from 1 in the order judged."""
+
+    number: int
+    source: str
+    document: ResultsDocument
+
+
+def load_runs(paths: Sequence[str | Path], by_time: bool = True) -> tuple[list[Run], list[str]]:
+    """The documents, ordered by the time each records (`created_at`) when every one has it,
+    else as given; the notes say which."""
+    documents = []
+    for path in paths:
+        try:
+            document = load_document(path)
+        except DocumentError as exc:
+            raise HistoryError(str(exc)) from None
+        if "scenarios" not in document.model_fields_set:  # any JSON parses: keys may be added
+            raise HistoryError(f"{path}: not a netsim-ddp results document (no scenarios); "
+                               "give `run --json` files, or folders holding only those")
+        documents.append((str(path), document))
+    notes = []
+    if by_time:
+        if all(document.created_at for _, document in documents):
+            documents.sort(key=lambda item: _time(item[1]))
+        else:
+            undated = [source for source, document in documents if not document.created_at]
+            notes.append(f"{len(undated)} of {len(documents)} results files record no time "
+                         f"(written before netsim-ddp stamped them: {', '.join(undated[:3])}"
+                         f"{', ...' if len(undated) > 3 else ''}): judged in the order given")
+    return [Run(i + 1, source, document) for i, (source, document) in enumerate(documents)], notes
+
+
+def _time(document: ResultsDocument) -> datetime.datetime:
+    assert document.created_at is not None
+    moment = datetime.datetime.fromisoformat(document.created_at)
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def runs_in(folder: str | Path) -> list[Path]:
+    """A history folder's results files."""
+    return sorted(Path(folder).glob("*.json"))
+
+
+# -- series ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SeriesKey:
+    """What a series' runs share: the scenario, its content, the kind of host, the mode."""
+
+    scenario: str
+    digest: str
+    host: str
+    mode: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}[{self.mode}]"
+
+
+def scenario_digest(record: ScenarioRecord) -> str:
+    """The recorded digest; for documents written before it was recorded, the same digest
+    computed from the scenario they hold."""
+    if record.scenario_digest:
+        return record.scenario_digest
+    return content_digest(record.scenario) if record.scenario is not None else "unknown"
+
+
+def host_kind(machine: MachineInfo | None) -> str:
+    """The host as far as timings go: CPU model and count, architecture, torch."""
+    if machine is None:
+        return "unrecorded host"
+    cpu = machine.cpu
+    parts = [cpu.brand_raw if cpu and cpu.brand_raw else None,
+             f"{cpu.count} CPUs" if cpu and cpu.count else None, machine.machine,
+             f"torch {machine.torch_version}" if machine.torch_version else None]
+    return ", ".join(part for part in parts if part) or "unrecorded host"
+
+
+@dataclass
+class MetricHistory:
+    """One metric of one series: its values, change points and the newest run's verdict."""
+
+    key: SeriesKey
+    metric: Metric
+    runs: list[Run]
+    records: list[ModeRecord]
+    values: list[float]
+    segmentation: Segmentation
+    gating: bool  # the series with the newest run of its scenario
+    verdict: Verdict | None = None  # None: too few runs to judge
+    reference: tuple[int, int] | None = None  # the best earlier segment, [start, stop)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is None or self.verdict.passed or not self.gating
+
+    def as_dict(self) -> dict[str, Any]:
+        points = self.segmentation.change_points
+        return {"scenario": self.key.scenario, "mode": self.key.mode,
+                "digest": self.key.digest, "host": self.key.host, "metric": str(self.metric),
+                "gating": self.gating, "runs": [run.number for run in self.runs],
+                "values": self.values,
+                "change_points": [{"run": self.runs[p.index].number, "before": p.before,
+                                   "after": p.after, "change": p.change, "p_value": p.p_value}
+                                  for p in points],
+                "reference_runs": ([self.runs[i].number for i in range(*self.reference)]
+                                   if self.reference else None),
+                "verdict": self.verdict.to_record().dump() if self.verdict else None}
+
+    def run_span(self, start: int, stop: int) -> str:
+        first, last = self.runs[start].number, self.runs[stop - 1].number
+        return f"run {first}" if first == last else f"runs {first}-{last}"
+
+
+@dataclass
+class HistoryReport:
+    runs: list[Run]
+    metrics: list[MetricHistory] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(history.passed for history in self.metrics)
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [h.verdict for h in self.metrics if h.verdict is not None and h.gating]
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `history --json` writes: per series and metric, the values, change points,
+        the runs of the best earlier level, and the verdict."""
+        return {"runs": [{"number": run.number, "source": run.source,
+                          "created_at": run.document.created_at} for run in self.runs],
+                "passed": self.passed, "notes": self.notes,
+                "series": [h.as_dict() for h in self.metrics]}
+
+
+def parse_metrics(metrics: Sequence[str], tolerances: Sequence[str]
+                  ) -> tuple[list[Metric], dict[Metric, float]]:
+    """--metric and --tolerance METRIC:PCT (the baseline gate's syntax); a metric named only
+    by a tolerance is judged too, the others at DEFAULT_TOLERANCE."""
+    try:
+        chosen = [Metric.parse_option(text) for text in (metrics or DEFAULT_METRICS)]
+        parsed = [Tolerance.parse(text) for text in tolerances]
+    except ValueError as exc:
+        raise HistoryError(str(exc)) from None
+    fractions = {metric: DEFAULT_TOLERANCE for metric in chosen}
+    for tolerance in parsed:
+        fractions[tolerance.metric] = tolerance.fraction
+    return list(fractions), fractions
+
+
+def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
+                  tolerances: dict[Metric, float] | None = None,
+                  alpha: float = DEFAULT_ALPHA) -> HistoryReport:
+    """Split the runs into series, find each metric's change points, judge the newest runs."""
+    if metrics is None:
+        metrics, tolerances = parse_metrics([], [])
+    tolerances = tolerances or {}
+    report = HistoryReport(runs)
+    series: dict[SeriesKey, list[tuple[Run, ModeRecord]]] = {}
+    parts: dict[str, dict[tuple[str, str], list[int]]] = {}  # scenario -> (digest, host) -> runs
+    for run in runs:
+        for record in run.document.scenarios:
+            if not record.modes:
+                report.notes.append(f"{record.name}: run {run.number} ({run.source}) "
+                                    f"{record.status}, no measurements: skipped")
+                continue
+            digest, host = scenario_digest(record), host_kind(run.document.machine_info)
+            parts.setdefault(record.name, {}).setdefault((digest, host), []).append(run.number)
+            for mode, mode_record in record.modes.items():
+                series.setdefault(SeriesKey(record.name, digest, host, mode), []).append(
+                    (run, mode_record))
+    current = {name: max(groups.items(), key=lambda item: max(item[1]))[0]
+               for name, groups in parts.items()}
+    for name, groups in parts.items():
+        if len(groups) > 1:
+            report.notes.append(_split_note(name, groups, current[name]))
+    for key, points in series.items():
+        gating = (key.digest, key.host) == current[key.scenario]
+        for metric in metrics:
+            history = _metric_history(key, metric, points, gating, alpha)
+            if history is not None:
+                _judge_newest(history, tolerances.get(metric, DEFAULT_TOLERANCE), alpha)
+                report.metrics.append(history)
+    return report
+
+
+def _split_note(name: str, groups: dict[tuple[str, str], list[int]],
+                current: tuple[str, str]) -> str:
+    digests = {digest for digest, _ in groups}
+    hosts = {host for _, host in groups}
+    why = " and ".join(reason for reason, differs in (
+        ("the scenario changed (its digest)", len(digests) > 1),
+        ("the runs come from different kinds of host", len(hosts) > 1)) if differs)
+    listed = "; ".join(f"digest {digest[:8]} on {host}: runs "
+                       f"{', '.join(map(str, numbers))}"
+                       + (" (gates)" if (digest, host) == current else "")
+                       for (digest, host), numbers in groups.items())
+    return f"{name}: split into {len(groups)} series, since {why}: {listed}"
+
+
+def _metric_history(key: SeriesKey, metric: Metric, points: list[tuple[Run, ModeRecord]],
+                    gating: bool, alpha: float) -> MetricHistory | None:
+    runs, records, values = [], [], []
+    for run, record in points:
+        try:
+            values.append(metric.value(record))
+        except ValueError:  # e.g. no collective timing in an older run
+            continue
+        runs.append(run)
+        records.append(record)
+    if not values:
+        return None
+    return MetricHistory(key, metric, runs, records, values, segment(values, alpha), gating)
+
+
+def _judge_newest(history: MetricHistory, tolerance: float, alpha: float) -> None:
+    """The newest run against the best level of the runs before it."""
+    values = history.values
+    if len(values) < 2:
+        return
+    bounds = segment(values[:-1], alpha).bounds
+    # The last runs before the newest may be a regression too short to be a segment yet: those
+    # that were regressions when they were newest are no level to hold the newest run to.
+    start, stop = bounds[-1]
+    while (stop - start > MIN_RUNS_FOR_SPREAD
+           and not _verdict(history, stop - 1, (start, stop - 1), tolerance, alpha).passed):
+        stop -= 1
+    bounds[-1] = (start, stop)
+    pick = max if history.metric.series in HIGHER_IS_BETTER else min
+    history.reference = pick(bounds, key=lambda b: float(np.median(values[b[0]:b[1]])))
+    start, stop = history.reference
+    if stop - start < MIN_RUNS_FOR_SPREAD:
+        history.verdict = Verdict(
+            f"history:{history.key.mode}:{history.metric}", True,
+            f"{history.key.label} {history.metric}: not judged yet: the best level "
+            f"({history.run_span(start, stop)}) has {stop - start} run(s), and "
+            f"{MIN_RUNS_FOR_SPREAD} show how much whole runs move")
+        return
+    history.verdict = _verdict(history, len(values) - 1, (start, stop), tolerance, alpha)
+
+
+def _verdict(history: MetricHistory, index: int, reference: tuple[int, int], tolerance: float,
+             alpha: float) -> Verdict:
+    """Run `index` against the runs `reference` ([start, stop)): over the tolerance,
+    significant by its samples, and beyond the runs' own spread."""
+    start, stop = reference
+    samples: list[float] | None = []
+    for record in history.records[start:stop]:
+        run_samples = history.metric.samples(record)
+        samples = None if run_samples is None or samples is None else samples + run_samples
+    verdict = regression_verdict(
+        history.key.scenario, history.key.mode, Tolerance(history.metric, tolerance),
+        history.records[index], float(np.median(history.values[start:stop])), samples, alpha,
+        check="history", reference=f"best level ({history.run_span(start, stop)})")
+    if verdict.passed:
+        return verdict
+    return _beyond_run_to_run_noise(history, verdict, index, start, stop, alpha)
+
+
+def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, index: int, start: int,
+                             stop: int, alpha: float) -> Verdict:
+    """A run's own samples say nothing of how much whole runs move (the host, its neighbours):
+    the run must also lie outside the spread of the reference runs, by the prediction interval
+    of one more run (Student's t, one-sided)."""
+    from scipy.stats import t as student
+
+    level = np.asarray(history.values[start:stop])
+    spread = float(level.std(ddof=1)) if len(level) >= 2 else 0.0
+    if spread == 0.0:  # exact counts
+        return verdict
+    distance = history.values[index] - float(level.mean())
+    if history.metric.series in HIGHER_IS_BETTER:
+        distance = -distance
+    score = distance / (spread * math.sqrt(1 + 1 / len(level)))
+    p = float(student.sf(score, len(level) - 1))
+    text = (f"; against the run-to-run spread of {history.run_span(start, stop)} "
+            f"(sd {history.metric.format(spread)}): t p = {p:.2g}")
+    if p < alpha:
+        return Verdict(verdict.name, False, verdict.detail + text, max(verdict.p_value or 0, p))
+    return Verdict(verdict.name, True, verdict.detail.removeprefix("REGRESSION ") + text
+                   + ": within the runs' own spread, could be one noisy run", p)

@@ -1,0 +1,84 @@
+"""One scenario's outcome: what each mode measured, the probe's trust, and every check's
+verdict; and the results document a run writes from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from netsim_ddp.common.version import __version__
+from netsim_ddp.fabric.schedule import LinkScheduler
+from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content_digest
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.probe import CollectiveFidelity
+from netsim_ddp.scenario import Scenario
+from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.workload.hostload import CpuLoad
+from netsim_ddp.workload.nccl import TransportEvidence
+from netsim_ddp.workload.placement import Placement
+
+
+@dataclass
+class ScenarioReport:
+    scenario: Scenario
+    run_id: str = ""
+    fidelity: CollectiveFidelity | None = None
+    refused: str | None = None
+    error: str | None = None  # the run broke (a rank crashed or hung, the host lacks something)
+    modes: dict[str, ModeReport] = field(default_factory=dict)
+    checks: list[Verdict] = field(default_factory=list)
+    delay_backends: dict[str, str | None] = field(default_factory=dict)
+    delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
+    host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
+    link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
+    hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
+    out_dir: Path | None = None  # this run's own folder: logs, results, signals
+    placement: Placement | None = None  # backend, each rank's GPU, per-node environment
+    transport: TransportEvidence | None = None  # NCCL's own account of its links (NCCL only)
+
+    @property
+    def status(self) -> str:
+        if self.error:
+            return "error"
+        if self.refused:
+            return "refused"
+        return "passed" if all(check.passed for check in self.checks) else "failed"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_record(self) -> ScenarioRecord:
+        scenario = self.scenario.model_dump(mode="json")
+        return ScenarioRecord.model_validate({
+            "name": self.scenario.name,
+            "file": str(self.scenario.path) if self.scenario.path else None,
+            "passed": self.passed,
+            "status": self.status,
+            "refused": self.refused,
+            "error": self.error,
+            "run_id": self.run_id,
+            "out_dir": str(self.out_dir) if self.out_dir else None,
+            "fidelity": self.fidelity.to_record() if self.fidelity else None,
+            "host_load": self.host_load.as_dict() if self.host_load else None,
+            "network": {"delay_backends": self.delay_backends,
+                        "delay_line": self.delay_line_stats},
+            "link_schedule": ([{"mode": w.mode, "start_monotonic": w.start_monotonic,
+                                "end_monotonic": w.end_monotonic,
+                                "changes": [c.as_dict() for c in w.changes]}
+                               for w in self.link_schedule.windows]
+                              if self.link_schedule else None),
+            "hosts": self.hosts,
+            "placement": self.placement.as_dict() if self.placement else None,
+            "transport": self.transport.as_dict() if self.transport else None,
+            "modes": {name: report.to_record() for name, report in self.modes.items()},
+            "checks": [check.to_record() for check in self.checks],
+            "scenario": scenario,
+            "scenario_digest": content_digest(scenario),
+        }, strict=False)
+
+
+def results_document(reports: list[ScenarioReport], sweeps=()) -> ResultsDocument:
+    """The document of a run: its scenarios, and its sweeps (netsim_ddp.run.sweep.SweepReport)."""
+    return ResultsDocument.new(__version__, [report.to_record() for report in reports],
+                               [sweep.to_record() for sweep in sweeps])

@@ -1,0 +1,83 @@
+"""Where a scenario's ranks run: which backend, which GPU each rank gets, and each node's
+environment. Decided once by the harness, before any network exists, so `plan` can show it,
+the JSON records it, and a run that cannot use what it asks for is refused with the reason
+instead of failing inside a rank."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from netsim_ddp.scenario.spec import Topology
+from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload import nccl
+from netsim_ddp.workload.gpus import GpuAssignment, GpuError, GpuInventory, assign_gpus, probe_gpus
+
+
+@dataclass(frozen=True)
+class Placement:
+    requested: str  # workload.backend: auto, gloo or nccl
+    backend: str  # what the ranks use: gloo or nccl
+    inventory: GpuInventory
+    gpus: GpuAssignment | None = None  # None: the ranks run on the CPU
+    refused: str | None = None  # why this host cannot run the scenario as asked
+    note: str | None = None  # why 'auto' did not pick NCCL
+
+    def node_env(self, run_id: str, node_names: Sequence[str],
+                 environ: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+        """Per node, what its ranks get on top of the shared environment."""
+        environ = os.environ if environ is None else environ
+        envs = []
+        for index, name in enumerate(node_names):
+            env: dict[str, str] = {}
+            if self.gpus is not None:
+                env |= self.gpus.env(index)
+            if self.backend == "nccl":
+                env |= nccl.merged_env(environ, run_id, name)
+            envs.append(env)
+        return envs
+
+    def describe(self) -> str:
+        if self.refused:
+            return f"backend {self.requested}: refused on this host: {self.refused}"
+        text = f"backend {self.backend}"
+        if self.requested == "auto":
+            text += " (auto" + (f": {self.note})" if self.note else ")")
+        return text + (f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"requested": self.requested, "backend": self.backend,
+                "gpus": self.gpus.as_dict() if self.gpus else None,
+                "shared_gpus": bool(self.gpus and self.gpus.shared),
+                "host_gpus": self.inventory.as_dict(), "refused": self.refused,
+                "note": self.note, "summary": self.describe()}
+
+
+def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory | None = None,
+          environ: Mapping[str, str] | None = None) -> Placement:
+    """The backend and GPUs for `workload` on `topology` on this host (or `inventory`)."""
+    environ = os.environ if environ is None else environ
+    requested = workload.backend
+    if requested == "gloo":
+        return Placement(requested, "gloo", inventory or GpuInventory(0))
+    inventory = inventory or probe_gpus()
+    nodes, per_node = topology.nodes, topology.ranks_per_node
+    if not inventory.nccl_usable:
+        if requested == "auto":
+            return Placement(requested, "gloo", inventory, note=inventory.missing)
+        return Placement(requested, "nccl", inventory, refused=(
+            f"workload.backend = 'nccl' needs CUDA GPUs and NCCL: {inventory.missing}"))
+    try:
+        gpus = assign_gpus(nodes, per_node, inventory.count, workload.share_gpus)
+    except GpuError as exc:
+        if requested == "auto":
+            return Placement(requested, "gloo", inventory, note=str(exc))
+        return Placement(requested, "nccl", inventory, refused=str(exc))
+    settings = nccl.refused_user_settings({k: v for k, v in environ.items()
+                                           if k.startswith("NCCL_")})
+    if settings:
+        return Placement(requested, "nccl", inventory, gpus, refused=(
+            "NCCL settings in the environment would break the emulation: "
+            + "; ".join(settings)))
+    return Placement(requested, "nccl", inventory, gpus)
