@@ -2,9 +2,10 @@
 
 Scenario files describe a cluster network; `Fabric` builds it from network namespaces on one
 Linux host and shapes every link with tc; `run_scenario` trains every mode on it and judges the
-result; `load_document` reads a results file back. The wings, in the order of the flow (a wing
-imports only the wings before it): common, precision, scenario, fabric, workload, measure,
-verdicts, projection, report, run; `cli` and `plugin` are the two front ends.
+result; `load_document` reads a results file back; `step()` marks where a user's training
+script's step ends, when netsim-ddp runs it (docs/scripts.md). The wings, in the order of the
+flow (a wing imports only the wings before it): common, precision, scenario, fabric, workload,
+measure, verdicts, projection, report, run; `cli` and `plugin` are the two front ends.
 """
 
 from netsim_ddp import _moved
@@ -19,6 +20,7 @@ _LAZY = {
     "Fabric": "netsim_ddp.fabric",
     "FabricError": "netsim_ddp.fabric",
     "run_scenario": "netsim_ddp.run.runner",
+    "step": "netsim_ddp.workload.steps",
     "load_document": "netsim_ddp.measure.document",
 }
 
@@ -32,4 +34,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["Fabric", "FabricError", "Scenario", "ScenarioError", "__version__", "load_document",
-           "run_scenario"]
+           "run_scenario", "step"]

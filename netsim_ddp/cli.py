@@ -374,6 +374,83 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("file")
+@_session_options("json", "iterations", "out", "allow-untrusted")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
+              help="Seconds each variant's ranks may take before they are killed.")
+@_gate_options
+@_session_options("history")
+@click.option("--steps", type=click.Choice(["auto", "optimizer", "marker"]), default=None,
+              help="What ends a step: optimizer.step() or netsim_ddp.step() (default: the "
+                   "scenario's, else auto).")
+@click.option("--after-measured", type=click.Choice(["stop", "finish"]), default=None,
+              help="Stop the script once its steps are measured, or let it finish.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str | None,
+           allow_untrusted: bool, timeout_s: float | None, baseline: str | None,
+           save_baseline: str | None, tolerances: tuple[str, ...], alpha: float,
+           history_dir: str | None, steps: str | None, after_measured: str | None,
+           command: tuple[str, ...]) -> None:
+    """Run your own training script in FILE's emulated network, as torchrun would on every
+    node, and measure it like `run`: netsim-ddp launch FILE [OPTIONS] -- SCRIPT|-m MODULE ARGS.
+
+    Without a command after --, FILE's own [workload] command runs."""
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
+
+    from .fabric import PrivilegeError, ensure_network_privilege
+
+    (scenario,) = _load_all((file,))
+    argv = list(command)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    settings = {key: value for key, value in (("steps", steps),
+                                              ("after_measured", after_measured)) if value}
+    if argv or settings:
+        if not argv and (scenario.workload is None or scenario.workload.command is None):
+            _fail(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- "
+                  "train.py ARGS)", EXIT_BAD_INPUT)
+        if argv and argv[0] != "-m":
+            if not Path(argv[0]).is_file():
+                _fail(f"no script {argv[0]!r} (give a script file, or -m MODULE)",
+                      EXIT_BAD_INPUT)
+            argv[0] = str(Path(argv[0]).resolve())
+        workload = scenario.workload
+        try:
+            scenario = scenario.with_command(
+                argv or list(workload.command or []) if workload else argv, **settings)
+        except ScenarioError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+    elif scenario.workload is None or scenario.workload.command is None:
+        _fail(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- train.py "
+              "ARGS), or a [workload] command in the file", EXIT_BAD_INPUT)
+    try:
+        session = NetsimSession.create(
+            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
+            save_baseline=Path(save_baseline) if save_baseline else None,
+            iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+            history_dir=Path(history_dir) if history_dir else None)
+    except SessionOptionError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
+    _warn_about_stale_runs()
+    try:
+        ensure_network_privilege()
+    except PrivilegeError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    human = _human(json_out)
+    try:
+        _run_one(session, scenario, human, False, None)
+    except Exception as exc:  # showing a result broke: say so, keep what was measured
+        err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
+                  soft_wrap=True)
+    session.finish()
+    _write_json(json_out, session.document().dump())
+    sys.exit(EXIT_OK if all(r.passed for r in session.reports) else EXIT_FAILED)
+
+
 def _run_one(session, scenario: Scenario, human: Console, profile: bool,
              calibration: list[str] | None) -> None:
     """One scenario (or sweep) of `run` and its tables; the session records what broke."""

@@ -88,11 +88,11 @@ class SummaryRecord(Record):
 
 
 class SeriesSummaries(Record):
-    _omit_none = frozenset({"collective_s"})
+    _omit_none = frozenset({"collective_s", "comm_s", "compute_s"})
 
     iteration_s: SummaryRecord
-    comm_s: SummaryRecord
-    compute_s: SummaryRecord
+    comm_s: SummaryRecord | None = None  # absent: a user's script (no compute-only steps)
+    compute_s: SummaryRecord | None = None
     collective_s: SummaryRecord | None = None  # absent: no collective timing in that result
 
 
@@ -123,11 +123,26 @@ class LinkBytesRecord(Record):
     window_s: float
 
 
+class ScriptRecord(Record):
+    """A user's script's run: command, variant, what the harness saw of it."""
+
+    command: list[str]
+    variant_args: list[str] = Field(default_factory=list)
+    variant_env: dict[str, str] = Field(default_factory=dict)
+    steps: str
+    ddp_models: int = 0
+    comm_hooks: list[str] = Field(default_factory=list)
+    optimizers: list[str] = Field(default_factory=list)
+    step_wire_bytes: list[int] | None = None
+
+
 class ModeRecord(Record):
     """One mode: its raw series, their summaries, the wire accounting and derived numbers."""
 
+    _omit_none = frozenset({"script"})
+
     iteration_s: list[Finite]
-    comm_s: list[Finite]
+    comm_s: list[Finite] = Field(default_factory=list)  # empty: a user's script
     compute_s: list[Finite] = Field(default_factory=list)
     collective_s: list[Finite] | None = None
     bucket_s: list[list[float]] | None = None
@@ -139,9 +154,9 @@ class ModeRecord(Record):
     stragglers: list[StragglerRow] | None = None
     straggler_summary: StragglerSummary | None = None
     link_states: list[str] | None = None
-    scaling_efficiency: Finite
-    busbw_bps: float = 0.0
-    busbw_over_link: float = 0.0
+    scaling_efficiency: Finite | None = None  # None: a user's script
+    busbw_bps: float | None = 0.0
+    busbw_over_link: float | None = 0.0
     ring_lower_bound_s: float = 0.0
     comm_over_ring_lower_bound: float | None = None
     samples_per_iteration: int = 0
@@ -152,6 +167,15 @@ class ModeRecord(Record):
     skipped_steps: int = 0
     profiler_allreduce_s: list[float] | None = None
     link_bytes: list[LinkBytesRecord] = Field(default_factory=list)
+    script: ScriptRecord | None = None  # how a user's script ran (its variant)
+
+    @model_validator(mode="after")
+    def _summaries_of_the_series(self) -> ModeRecord:
+        for name in ("comm_s", "compute_s"):
+            if getattr(self, name) and getattr(self.summary, name) is None:
+                raise ValueError(f"summary.{name}: missing, while {name} holds "
+                                 f"{len(getattr(self, name))} samples")
+        return self
 
 
 class CheckRecord(Record):

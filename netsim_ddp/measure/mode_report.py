@@ -22,8 +22,8 @@ class ModeReport:
     background_bytes_per_iteration: float
     link_bps: float
     iteration: Summary = field(init=False)
-    comm: Summary = field(init=False)
-    compute: Summary = field(init=False)
+    comm: Summary | None = field(init=False)  # None: no compute-only steps (a user's script)
+    compute: Summary | None = field(init=False)
     collective: Summary | None = field(init=False)  # None: a result without collective timing
     node_names: list[str] = field(default_factory=list)  # for the straggler view
     ranks_per_node: int = 1
@@ -31,8 +31,8 @@ class ModeReport:
 
     def __post_init__(self) -> None:
         self.iteration = summarize(self.result.iteration_s)
-        self.comm = summarize(self.result.comm_s)
-        self.compute = summarize(self.result.compute_s)
+        self.comm = summarize(self.result.comm_s) if self.result.has_compute else None
+        self.compute = summarize(self.result.compute_s) if self.result.has_compute else None
         self.collective = (summarize(self.result.collective_s)
                            if self.result.collective_s else None)
 
@@ -60,8 +60,8 @@ class ModeReport:
                                 median_wait_s=statistics.median(waits), max_wait_s=max(waits))
 
     @property
-    def scaling_efficiency(self) -> float:
-        return self.compute.median / self.iteration.median
+    def scaling_efficiency(self) -> float | None:
+        return self.compute.median / self.iteration.median if self.compute else None
 
     @property
     def samples_per_iteration(self) -> int:
@@ -71,8 +71,10 @@ class ModeReport:
 
     @property
     def seconds_per_sample(self) -> float:
-        """The median step per sample: how modes with different accumulation compare."""
-        return self.iteration.median / self.samples_per_iteration
+        """The median step per sample: how modes with different accumulation compare (0: a
+        script's samples per step are not known)."""
+        samples = self.samples_per_iteration
+        return self.iteration.median / samples if samples else 0.0
 
     @property
     def ring_lower_bound_s(self) -> float:
@@ -80,9 +82,11 @@ class ModeReport:
                                           self.result.world_size, self.link_bps)
 
     @property
-    def busbw_bps(self) -> float:
+    def busbw_bps(self) -> float | None:
         """Of the gradient all-reduce, from the exposed comm time (a lower bound on the real
         all-reduce time when backward overlaps it, so this can overstate)."""
+        if self.comm is None:
+            return None
         return bus_bandwidth(self.result.sent_bytes_per_iteration, self.comm.median,
                              self.result.world_size)
 
@@ -97,8 +101,9 @@ class ModeReport:
             # When each iteration started, from the first one's start (the window's edge).
             "iteration_start_s": ([t - r.started_monotonic[0] for t in r.started_monotonic]
                                   if r.started_monotonic else None),
-            "summary": {"iteration_s": self.iteration.as_dict(), "comm_s": self.comm.as_dict(),
-                        "compute_s": self.compute.as_dict(),
+            "summary": {"iteration_s": self.iteration.as_dict(),
+                        **({"comm_s": self.comm.as_dict(), "compute_s": self.compute.as_dict()}
+                           if self.comm and self.compute else {}),
                         **({"collective_s": self.collective.as_dict()} if self.collective
                            else {})},
             "stragglers": self.straggler_rows(),
@@ -106,10 +111,12 @@ class ModeReport:
             "link_states": self.link_states,
             "scaling_efficiency": self.scaling_efficiency,
             "busbw_bps": self.busbw_bps,
-            "busbw_over_link": self.busbw_bps / self.link_bps,
+            "busbw_over_link": (self.busbw_bps / self.link_bps
+                                if self.busbw_bps is not None else None),
             "ring_lower_bound_s": self.ring_lower_bound_s,
             "comm_over_ring_lower_bound": (self.comm.median / self.ring_lower_bound_s
-                                           if self.ring_lower_bound_s else None),
+                                           if self.ring_lower_bound_s and self.comm else None),
+            "script": r.script.model_dump() if r.script else None,
             "samples_per_iteration": self.samples_per_iteration,
             "seconds_per_sample": self.seconds_per_sample,
             "params": r.params, "world_size": r.world_size, "iterations": r.iterations,

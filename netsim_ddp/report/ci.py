@@ -63,9 +63,11 @@ def run_summary(document: ResultsDocument) -> str:
         for mode, record in scenario.modes.items():
             lines.append(f"| {_cell(scenario.name)} | {scenario.status} | {mode} | "
                          f"{record.summary.iteration_s.median * 1e3:.1f} | "
-                         f"{record.summary.comm_s.median * 1e3:.1f} | "
-                         f"{record.scaling_efficiency:.2f} | "
-                         f"{record.wire_bytes_per_iteration / 1e6:.2f} |")
+                         + (f"{record.summary.comm_s.median * 1e3:.1f} | "
+                            if record.summary.comm_s else "- | ")
+                         + (f"{record.scaling_efficiency:.2f} | "
+                            if record.scaling_efficiency is not None else "- | ")
+                         + f"{record.wire_bytes_per_iteration / 1e6:.2f} |")
         if not scenario.modes:
             lines.append(f"| {_cell(scenario.name)} | {scenario.status} | | | | | |")
     passed = sum(check.passed for s in document.scenarios for check in s.checks)

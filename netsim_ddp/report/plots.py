@@ -53,9 +53,11 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
     plt = pyplot()
     modes = entry.modes
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=False)
+    second = ("comm_s", "exposed comm time (ms)") if all(m.comm_s for m in modes.values()) \
+        else ("collective_s", "collective time (ms)")  # a script: no exposed comm
     for ax, key, label in ((axes[0], "iteration_s", "iteration time (ms)"),
-                           (axes[1], "comm_s", "exposed comm time (ms)")):
-        data = [[v * 1e3 for v in getattr(modes[m], key)] for m in modes]
+                           (axes[1], *second)):
+        data = [[v * 1e3 for v in (getattr(modes[m], key) or [])] for m in modes]
         ax.boxplot(data, showfliers=False)
         ax.set_xticks(range(1, len(modes) + 1), list(modes))
         for i, (mode, values) in enumerate(zip(modes, data, strict=True)):
@@ -278,10 +280,13 @@ def _mode_rows(entry: ScenarioRecord) -> list[list[str]]:
     rows = []
     for mode, m in entry.modes.items():
         s = m.summary
+        comm, compute = s.comm_s, s.compute_s  # None for a user's script
         rows.append([mode, f"{s.iteration_s.median * 1e3:.1f}",
-                     f"{s.iteration_s.p95 * 1e3:.1f}", f"{s.comm_s.median * 1e3:.1f}",
-                     f"{s.comm_s.std * 1e3:.1f}", f"{s.compute_s.median * 1e3:.1f}",
-                     f"{m.scaling_efficiency:.2f}",
+                     f"{s.iteration_s.p95 * 1e3:.1f}",
+                     f"{comm.median * 1e3:.1f}" if comm else "-",
+                     f"{comm.std * 1e3:.1f}" if comm else "-",
+                     f"{compute.median * 1e3:.1f}" if compute else "-",
+                     f"{m.scaling_efficiency:.2f}" if m.scaling_efficiency is not None else "-",
                      f"{m.wire_bytes_per_iteration / 1e6:.1f}",
                      *_collective_cells(m)])
     return rows

@@ -11,8 +11,12 @@ from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}"
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds is not None else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
 
 
 def mode_table(report: ScenarioReport) -> Table:
@@ -20,9 +24,10 @@ def mode_table(report: ScenarioReport) -> Table:
     topology = scenario.topology
     workload = scenario.workload
     assert workload is not None  # only reports of runs that trained have a table
+    what = (f"script {' '.join(workload.command)}" if workload.command is not None
+            else f"{workload.model} {workload.params / 1e6:.1f}M params")
     title = (f"{scenario.name}: {topology.nodes} nodes x {topology.ranks_per_node} ranks, "
-             f"{format_rate(scenario.link.rate)} links, {workload.model} "
-             f"{workload.params / 1e6:.1f}M params")
+             f"{format_rate(scenario.link.rate)} links, {what}")
     placement = report.placement
     if placement is not None and placement.backend != "gloo":
         title += f", {placement.backend}"
@@ -31,26 +36,36 @@ def mode_table(report: ScenarioReport) -> Table:
     # Short headers, one space between columns and no frame: the table fits a 120-column log.
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                   padding=(0, 0, 0, 1))
+    versus = f"vs {next(iter(report.modes), '-')}" if workload.is_script else "vs fp32"
     for column in ("mode", "iter ms", "p95", "comm ms", "comm sd", "coll ms", "coll sd",
-                   "compute", "eff", "wire MB", "vs fp32", "busbw", "straggler"):
+                   "compute", "eff", "wire MB", versus, "busbw", "straggler"):
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = ("medians over measured iterations; coll = time a gradient collective was "
                      "in flight; eff = compute / iteration; wire MB per iteration, all nodes, "
                      "background excluded; busbw / link rate; straggler: the node whose "
                      "backward finished last most often (iterations) and its median lead")
-    reference = report.modes.get(REFERENCE_MODE)
+    if workload.is_script:
+        table.caption += ("; a script's step is one optimizer.step() (or netsim_ddp.step()); "
+                          "comm, compute, eff and busbw need the built-in loop's compute-only "
+                          "steps: '-'; vs: against the first variant")
+    reference = (next(iter(report.modes.values()), None) if workload.is_script
+                 else report.modes.get(REFERENCE_MODE))
     for name, mode in report.modes.items():
         ratio = (mode.wire_bytes_per_iteration / reference.wire_bytes_per_iteration
-                 if reference else None)
+                 if reference and reference.wire_bytes_per_iteration else None)
         collective = mode.collective
         table.add_row(
-            name, _ms(mode.iteration.median), _ms(mode.iteration.p95), _ms(mode.comm.median),
-            _ms(mode.comm.std), _ms(collective.median) if collective else "-",
+            name, _ms(mode.iteration.median), _ms(mode.iteration.p95),
+            _ms(mode.comm.median if mode.comm else None),
+            _ms(mode.comm.std if mode.comm else None),
+            _ms(collective.median) if collective else "-",
             _ms(collective.std) if collective else "-",
-            _ms(mode.compute.median), f"{mode.scaling_efficiency:.2f}",
+            _ms(mode.compute.median if mode.compute else None),
+            _ratio(mode.scaling_efficiency),
             f"{mode.wire_bytes_per_iteration / 1e6:.1f}",
             f"{ratio:.2f}" if ratio is not None else "-",
-            f"{mode.busbw_bps / mode.link_bps:.2f}", straggler_cell(mode.straggler_summary()),
+            _ratio(mode.busbw_bps / mode.link_bps if mode.busbw_bps is not None else None),
+            straggler_cell(mode.straggler_summary()),
         )
     return table
 

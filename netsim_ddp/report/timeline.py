@@ -57,10 +57,11 @@ def plot_timeline(entry: ScenarioRecord, path: Path) -> Path:
         starts = m.iteration_start_s
         collective = m.collective_s or [0.0] * len(starts)  # type: ignore[arg-type]
         widths = m.iteration_s
-        ax.bar(starts, [c * 1e3 for c in m.compute_s], width=widths, align="edge",
+        compute = m.compute_s or [0.0] * len(widths)  # a user's script: none measured
+        ax.bar(starts, [c * 1e3 for c in compute], width=widths, align="edge",
                color="#bbbbbb", edgecolor="white", label="compute-only")
         ax.bar(starts, [c * 1e3 for c in collective], width=widths, align="edge",
-               bottom=[c * 1e3 for c in m.compute_s], color=mode_color(name, index),
+               bottom=[c * 1e3 for c in compute], color=mode_color(name, index),
                edgecolor="white", label="collective")
         for start, end in spans:
             ax.axvspan(start, min(end, horizon), color="#ff7f0e", alpha=0.12, lw=0)

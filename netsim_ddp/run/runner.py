@@ -50,6 +50,7 @@ from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
 from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.nccl import rank_log_lines, verify_transport
 from netsim_ddp.workload.placement import place
+from netsim_ddp.workload.script_launch import launch_script
 from netsim_ddp.workload.window import NODE_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
@@ -118,17 +119,19 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
                                         ranks_per_node=scenario.topology.ranks_per_node)
+    script = scenario.workload is not None and scenario.workload.is_script
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(background_checks(scenario.background, background, results))
-    report.checks.extend(wire_ratio_checks(report.modes))
-    report.checks.extend(crossing_checks(scenario, report.modes))
+    if not script:  # a script's variants are names: no mode's wire dtype or all-reduce to hold
+        report.checks.extend(wire_ratio_checks(report.modes))  # them to (see docs/scripts.md)
+        report.checks.extend(crossing_checks(scenario, report.modes))
     if report.link_schedule is not None:
         attach_link_states(report.modes, report.link_schedule)
         report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
                     else default_expectations(list(report.modes))
-                    if scenario.topology.nodes > 1 else [])
+                    if scenario.topology.nodes > 1 and not script else [])
     report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
 
 
@@ -163,6 +166,12 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         def on_fabric(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                       env: Mapping[str, str] | None = None,
                       watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+            if spec.workload.is_script and spec.selected_modes():
+                return launch_script(
+                    fabric.nodes, spec.workload, out_dir, timeout_s,
+                    ranks_per_node=scenario.topology.ranks_per_node,
+                    base_dir=scenario.path.parent if scenario.path else None, env=env,
+                    watchdog=watchdog, node_env=node_env, runs=spec.selected_modes())
             return launch(fabric.nodes, spec, out_dir, timeout_s,
                           ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
                           env=env, watchdog=watchdog, node_env=node_env)
@@ -212,7 +221,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     # nodes, which must be verified before anything is measured.
     if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
-        if gated_probe and not nccl:
+        # A script's launches are its own: the probe gets a launch of its own before them.
+        if gated_probe and not nccl and not workload.is_script:
             probing = _ProbeAttempts(scenario, workload)
         else:
             fidelity = _probe_collective(launcher, scenario, out / "probe", timeout_s,
@@ -224,7 +234,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                                                                   allow_untrusted):
                 return None
     training = (f"{scenario.name}: training {', '.join(workload.modes)} ({workload.warmup} "
-                f"warm-up + {workload.iterations} measured iterations each)")
+                f"warm-up + {workload.iterations} measured "
+                f"{'steps of the script' if workload.is_script else 'iterations'} each)")
     before = CpuTimes.read()
 
     def on_train() -> None:  # the gated probe's verdict: train
@@ -242,6 +253,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                     probe_gated=probing is not None)
     timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps)
                               + (probing.limit * probing.attempt_timeout_s if probing else 0))
+    if workload.is_script:
+        progress(f"{scenario.name}: each run of the script may take {timeout_s:.0f} s (--timeout)")
     schedule = plan_schedule(scenario)
     if schedule and scheduler is None:
         raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
@@ -338,9 +351,17 @@ def measurement_checks(modes: dict[str, ModeReport], nodes: int) -> list[Verdict
     checks = []
     for mode, report in modes.items():
         problems = []
-        if report.result.world_size > 1 and report.result.sent_bytes_per_iteration <= 0:
+        script = report.result.script
+        ddp = script is None or script.ddp_models > 0  # a script may train without DDP
+        if (report.result.world_size > 1 and ddp
+                and report.result.sent_bytes_per_iteration <= 0):
             problems.append("the comm hook counted no gradient bytes (did it run?)")
-        if nodes > 1 and not report.wire_bytes_per_iteration > 0:
+        if script is not None and nodes > 1 and not report.wire_bytes_per_iteration > 0:
+            problems.append(
+                f"the script's ranks put {report.wire_bytes_per_iteration:.0f} bytes per step "
+                f"on the links (DDP models: {script.ddp_models}): its ranks do not exchange "
+                "gradients, so each trains a model of its own")
+        elif nodes > 1 and not report.wire_bytes_per_iteration > 0:
             problems.append(
                 f"the links carried {report.wire_bytes_per_iteration:.0f} training bytes per "
                 f"iteration after subtracting {report.background_bytes_per_iteration:.0f} of "
@@ -511,7 +532,9 @@ class _ProbeAttempts:
 
     def __init__(self, scenario: Scenario, workload, attempts: int | None = None):
         size = min(max(workload.params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-        self.dtypes = list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes))
+        # A script's wire dtype is its own business: the probe times float32.
+        self.dtypes = (["float32"] if workload.is_script else
+                       list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes)))
         self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes})
         _, goodput = slowest_link_goodput(scenario)
         world = scenario.topology.nodes * scenario.topology.ranks_per_node
@@ -603,5 +626,7 @@ def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:
     """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s)."""
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
     step = max(2.0, 10 * ring_allreduce_lower_bound(workload.params * 4, world, link_bps))
+    if workload.is_script:  # per variant: its start-up (imports, model, data), then steps
+        return 240 + (workload.warmup + workload.iterations) * 5 * step
     steps = len(workload.modes) * (workload.warmup + workload.iterations) * 2
     return 120 + steps * step * workload.grad_accumulation

@@ -205,8 +205,8 @@ class NetsimSession:
             lines += [f"    {warning}"] if warning else []
             for mode, result in report.modes.items():
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
-                             f"  comm {result.comm.median * 1e3:8.1f} ms"
-                             f" (sd {result.comm.std * 1e3:6.1f})"
+                             + (f"  comm {result.comm.median * 1e3:8.1f} ms"
+                                f" (sd {result.comm.std * 1e3:6.1f})" if result.comm else "")
                              + (f"  collective {result.collective.median * 1e3:8.1f} ms"
                                 f" (sd {result.collective.std * 1e3:6.1f})"
                                 if result.collective else "")
@@ -234,8 +234,9 @@ class NetsimSession:
             values.append(("netsim.host_steal", report.host_load.steal))
         for mode, result in report.modes.items():
             values += [(f"netsim.{mode}.iteration_s.median", result.iteration.median),
-                       (f"netsim.{mode}.comm_s.median", result.comm.median),
-                       (f"netsim.{mode}.comm_s.std", result.comm.std),
+                       *([(f"netsim.{mode}.comm_s.median", result.comm.median),
+                          (f"netsim.{mode}.comm_s.std", result.comm.std)]
+                         if result.comm else []),
                        *([(f"netsim.{mode}.collective_s.median", result.collective.median),
                           (f"netsim.{mode}.collective_s.std", result.collective.std)]
                          if result.collective else []),

@@ -84,6 +84,7 @@ class SweepPoint:
         link_bps, _ = slowest_link_goodput(self.report.scenario)
         out = []
         for mode, report in self.report.modes.items():
+            assert report.compute is not None  # a sweep trains the built-in loop (spec.py)
             out.append(StepPoint(
                 mode=mode, world_size=report.result.world_size, link_bps=link_bps,
                 bytes_per_rank=report.result.sent_bytes_per_iteration,
@@ -95,6 +96,8 @@ class SweepPoint:
     def mode_numbers(self) -> dict[str, dict[str, float | int]]:
         numbers = {}
         for mode, report in self.report.modes.items():
+            assert report.compute is not None and report.comm is not None  # built-in loop
+            assert report.scaling_efficiency is not None
             numbers[mode] = {
                 "step_s": report.iteration.median,
                 "compute_s": report.compute.median,

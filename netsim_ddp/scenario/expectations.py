@@ -16,6 +16,8 @@ from netsim_ddp.common.metrics import SPREAD_STATISTICS, STATISTICS
 SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency", "collective_s")
 SCALARS = ("wire_bytes_per_iteration",)
 HIGHER_IS_BETTER = ("scaling_efficiency",)
+# Measured from the built-in loop's compute-only steps: a user's script has none.
+NEEDS_COMPUTE = ("comm_s", "compute_s", "scaling_efficiency")
 DEFAULT_ALPHA = 0.05
 
 

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from netsim_ddp.scenario import units
-from netsim_ddp.scenario.expectations import Expectation
+from netsim_ddp.scenario.expectations import NEEDS_COMPUTE, Expectation
 from netsim_ddp.scenario.sweep import SweepConfig
 from netsim_ddp.scenario.units import ETHERNET_HEADER
 from netsim_ddp.scenario.workload import WorkloadConfig
@@ -364,6 +364,12 @@ class Scenario(_Strict):
                 raise ValueError(f"background.{i}.destination: a flow needs two different nodes")
         for i, expectation in enumerate(self.expect or []):
             modes = self.workload.modes if self.workload else []
+            metric = expectation.metric.partition(".")[0]
+            if self.workload is not None and self.workload.is_script and \
+                    metric in NEEDS_COMPUTE:
+                raise ValueError(f"expect.{i}.metric: {metric} needs the built-in loop's "
+                                 "compute-only steps, which a script has not: claim "
+                                 "iteration_s, collective_s or wire_bytes_per_iteration")
             for role in ("mode", "vs"):
                 mode = getattr(expectation, role)
                 if mode is not None and mode not in modes:
@@ -381,6 +387,9 @@ class Scenario(_Strict):
                 raise ValueError(f"{where}.queue_limit: {link.queue_limit_bytes} bytes is more "
                                  f"than tc's queue limit of {MAX_QUEUE_BYTES} bytes")
         if self.sweep is not None:
+            if self.workload is not None and self.workload.is_script:
+                raise ValueError("sweep: fits the built-in loop's cost model; a workload with a "
+                                 "command cannot be swept (compare its variants instead)")
             self._check_sweep_points(self.sweep)
         return self
 
@@ -417,6 +426,20 @@ class Scenario(_Strict):
         if "params" in values and data.get("workload") is not None:
             data["workload"]["params"] = values["params"]
         data["name"] = f"{self.name}[{point_label(values)}]"[:64].rstrip(" ,")
+        return Scenario.from_dict(data, self._path)
+
+    def with_command(self, command: list[str], **settings: Any) -> Scenario:
+        """This scenario's network running a user's script (`netsim-ddp launch`): its
+        workload's warm-up, iterations and backend kept, the built-in loop's settings dropped
+        (a script's variants kept); `settings` (steps, after_measured, ...) on top."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        old = data.get("workload") or {}
+        kept = ("warmup", "iterations", "seed", "backend",
+                *(("variant", "steps", "after_measured", "params") if old.get("command")
+                  else ()))
+        workload = {key: old[key] for key in kept if key in old}
+        workload["warmup"] = max(1, workload.get("warmup", 1))  # a script's first step is
+        data["workload"] = {**workload, "command": command, **settings}  # its start-up
         return Scenario.from_dict(data, self._path)
 
     def link_for(self, node: int | str) -> EffectiveLink:

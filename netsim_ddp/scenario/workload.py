@@ -7,9 +7,9 @@ exported on machines (and in processes) that never run a rank.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from netsim_ddp.precision.modes import MODES, WireDtype, mode_names
 from netsim_ddp.scenario.units import Count, Size
@@ -20,6 +20,33 @@ _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 DEFAULT_MODES = ("fp32", "amp", "amp-fp16")
+SCRIPT_RUN = "script"  # the one run of a script without [[workload.variant]]
+# What a script's parameter count is taken to be when the scenario does not say: it only sizes
+# the all-reduce probe and the default timeout (the harness counts the real one from DDP).
+SCRIPT_PARAMS_ESTIMATE = 10_000_000
+_VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+
+
+class Variant(BaseModel):
+    """One way to run a user's script (`[[workload.variant]]`): its extra arguments and
+    environment. Variants stand where modes stand for the built-in loop (tables, `[[expect]]`
+    claims, baselines, history): a claim names a variant as `mode`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(description="What results, tables and claims call this run, e.g. 'amp'.")
+    args: list[str] = Field(default_factory=list,
+                            description="Appended to the command's arguments.")
+    env: dict[str, str] = Field(default_factory=dict,
+                                description="Set in every rank's environment.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_form(cls, value: str) -> str:
+        if not _VARIANT_NAME.match(value):
+            raise ValueError(f"variant name {value!r}: use 1-40 of a-z, 0-9, '_', '.', '-', "
+                             "starting with a letter or digit (it names files and columns)")
+        return value
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's own default bucket_cap_mb=25 (MiB)
 
 
@@ -40,6 +67,32 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
+    command: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Your own training script instead of the built-in loop: ['train.py', "
+        "'--epochs', '1'] or ['-m', 'pkg.module', ...], started by torchrun on every node "
+        "(a relative script path is taken from the scenario file's folder). A step is one "
+        "optimizer.step(), or one netsim_ddp.step() where the script calls it. See "
+        "docs/scripts.md.",
+    )
+    variant: list[Variant] = Field(
+        default_factory=list,
+        description="Runs of the command to compare ([[workload.variant]]: name, args, env); "
+        "none: one run named 'script'.",
+    )
+    after_measured: Literal["stop", "finish"] = Field(
+        default="stop",
+        description="A script, once its warm-up and measured steps are done: 'stop' it there "
+        "(every rank at the same step), or let it 'finish' on its own.",
+    )
+    steps: Literal["auto", "optimizer", "marker"] = Field(
+        default="auto",
+        description="What counts as a script's step: every optimizer.step() ('optimizer'), or "
+        "every netsim_ddp.step() call ('marker': several optimizers, or none); 'auto': "
+        "optimizer steps until the script first calls netsim_ddp.step(), which must come "
+        "before the measured window opens (during the warm-up).",
+    )
     model: str = Field(
         default="mlp",
         description=(
@@ -50,7 +103,8 @@ class WorkloadConfig(BaseModel):
     )
     params: Count = Field(
         gt=0,
-        description="Parameter count, e.g. '30M' or 16800000. Built-in models land within 2%.",
+        description="Parameter count, e.g. '30M' or 16800000. Built-in models land within 2%. "
+        "With a command: an estimate (default 10M) that sizes the all-reduce probe only.",
     )
     batch_size: int = Field(default=32, gt=0, description="Samples per rank per micro-batch.")
     iterations: int = Field(
@@ -103,7 +157,71 @@ class WorkloadConfig(BaseModel):
             "'package.module:factory'"
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _script_runs(cls, data: Any) -> Any:
+        """A script's runs are its variants: `modes` is filled from them, and what only the
+        built-in loop reads (model, batch size, ...) may not be set."""
+        if not isinstance(data, dict) or data.get("command") is None:
+            return data
+        variants = data.get("variant") or []
+        names = [v.get("name") if isinstance(v, dict) else getattr(v, "name", None)
+                 for v in variants]
+        runs = [n for n in names if isinstance(n, str)] or [SCRIPT_RUN]
+        # A written-out config (RankSpec.json, model_dump) holds every field: only a value
+        # other than the default is a setting of the built-in loop.
+        loop_only = [key for key in ("model", "batch_size", "bucket_size", "grad_accumulation",
+                                     "modes", "share_gpus")
+                     if key in data and data[key] != (runs if key == "modes" else
+                                                      cls.model_fields[key].get_default(
+                                                          call_default_factory=True))]
+        if loop_only:
+            raise ValueError(
+                f"{', '.join(loop_only)}: the built-in loop's settings, not a script's (a "
+                "script sets its own model, batch and DDP options); compare runs of a script "
+                "with [[workload.variant]] (name, args, env) instead of modes")
+        return {**data, "params": data.get("params", SCRIPT_PARAMS_ESTIMATE), "modes": runs}
+
+    @model_validator(mode="after")
+    def _script_checks(self) -> WorkloadConfig:
+        if self.command is None:
+            if self.steps != "auto" or self.after_measured != "stop":
+                raise ValueError("steps and after_measured apply to a script: set command")
+            if self.variant:
+                raise ValueError("variant: runs of a script; set command (or use modes for the "
+                                 "built-in loop)")
+            return self
+        if self.command[0] == "-m" and len(self.command) < 2:
+            raise ValueError("command: '-m' needs a module name after it")
+        if self.warmup < 1:
+            raise ValueError("warmup: a script's first step includes its start-up and has no "
+                             "step before it to start from: use warmup >= 1")
+        names = [variant.name for variant in self.variant]
+        if duplicates := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"variant name(s) given twice: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def is_script(self) -> bool:
+        """True when the ranks run the user's command instead of the built-in loop."""
+        return self.command is not None
+
+    def variant_named(self, name: str) -> Variant:
+        """The variant a run (mode) name stands for; the plain run of a script without any."""
+        for variant in self.variant:
+            if variant.name == name:
+                return variant
+        if not self.variant and name == SCRIPT_RUN:
+            return Variant(name=SCRIPT_RUN)
+        raise KeyError(f"no variant named {name!r}")
+
     @field_validator("modes")
+    @classmethod
+    def _modes_field(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("command") is not None:
+            return value  # variant names, checked with the variants
+        return cls._known_unique_modes(value)
+
     @classmethod
     def _known_unique_modes(cls, value: list[str]) -> list[str]:
         unknown = [name for name in value if name not in MODES]
@@ -148,10 +266,15 @@ class RankSpec(BaseModel):
 
     @field_validator("modes")
     @classmethod
-    def _modes_known(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            WorkloadConfig._known_unique_modes(value)
-        return value
+    def _modes_known(cls, value: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        workload = info.data.get("workload")
+        if value is None or workload is None:
+            return value
+        if workload.is_script:
+            if unknown := [m for m in value if m not in workload.modes]:
+                raise ValueError(f"{unknown} are not runs of this workload ({workload.modes})")
+            return value
+        return WorkloadConfig._known_unique_modes(value)
 
     def selected_modes(self) -> list[str]:
         return list(self.modes) if self.modes is not None else list(self.workload.modes)

@@ -20,6 +20,7 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.metrics import statistic
 from netsim_ddp.common.version import __version__
 from netsim_ddp.measure.document import MachineInfo, content_digest, machine_warning, utc_now
+from netsim_ddp.scenario.expectations import NEEDS_COMPUTE
 from netsim_ddp.verdicts.gate import Tolerance, Verdict, regression_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
@@ -111,8 +112,8 @@ class _Saved(BaseModel):
     mode: str
     digest: str
     iteration_s: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(min_length=1)
-    comm_s: list[FiniteSeconds] = Field(min_length=1)
-    compute_s: list[FiniteSeconds] = Field(min_length=1)
+    comm_s: list[FiniteSeconds] = Field(default_factory=list)  # empty: a user's script
+    compute_s: list[FiniteSeconds] = Field(default_factory=list)
     collective_s: list[FiniteSeconds] | None = None  # baselines saved before it was measured
     wire_bytes_per_iteration: float = Field(ge=0)
 
@@ -165,13 +166,15 @@ class Baseline:
         self.entries: dict[tuple[str, str], BaselineEntry] = {}
         for bench in parsed.benchmarks:
             data = bench.extra_info.netsim_ddp
-            if not len(data.iteration_s) == len(data.comm_s) == len(data.compute_s):
+            if (len(data.comm_s) != len(data.compute_s)
+                    or len(data.compute_s) not in (0, len(data.iteration_s))):
                 raise BaselineError(f"{self.path}: {data.scenario}[{data.mode}]: iteration_s, "
                                     "comm_s and compute_s hold different numbers of samples")
             self.entries[(data.scenario, data.mode)] = BaselineEntry(
                 data.digest,
-                {"iteration_s": data.iteration_s, "comm_s": data.comm_s,
-                 "compute_s": data.compute_s}
+                {"iteration_s": data.iteration_s}
+                | ({"comm_s": data.comm_s, "compute_s": data.compute_s} if data.compute_s
+                   else {})
                 | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
                 data.wire_bytes_per_iteration)
 
@@ -212,6 +215,10 @@ class Baseline:
 
 def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float] | None:
     series = tolerance.metric.series
+    if series in NEEDS_COMPUTE and "compute_s" not in entry.samples:
+        raise BaselineError(f"{entry.digest}: {series} was not measured (a user's script has "
+                            "no compute-only steps); gate it on iteration_s, collective_s or "
+                            "wire_bytes_per_iteration")
     if series == "scaling_efficiency":
         return [c / i for c, i in zip(entry.samples["compute_s"], entry.samples["iteration_s"],
                                       strict=True)]

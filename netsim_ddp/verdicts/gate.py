@@ -25,6 +25,7 @@ from netsim_ddp.precision.modes import REFERENCE_MODE, compresses
 from netsim_ddp.scenario.expectations import (
     DEFAULT_ALPHA,
     HIGHER_IS_BETTER,
+    NEEDS_COMPUTE,
     Expectation,
     MetricName,
 )
@@ -43,6 +44,9 @@ class Metric(MetricName):
                 raise ValueError("a mode's result has no collective timing (collective_s); "
                                  "rerun it with this netsim-ddp")
             return r.collective_s
+        if self.series in NEEDS_COMPUTE and not r.compute_s:
+            raise ValueError(f"{self.series} needs compute-only steps, and a user's script has "
+                             "none: claim iteration_s, collective_s or wire_bytes_per_iteration")
         return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
                 "scaling_efficiency": [c / i for c, i in
                                        zip(r.compute_s, r.iteration_s, strict=True)]

@@ -1,6 +1,8 @@
 """One emulated node's torchrun whose ranks are forked from it, torch already imported:
 
     python -P -m netsim_ddp.workload.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.rank ARGS
+    python -P -m netsim_ddp.workload.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.script_rank
+        SCRIPT ARGS   (a user's script: script_rank.py)
 
 The options are torchrun's, read by torchrun's own parser into torchrun's own launch config,
 and the same elastic agent runs the ranks (static rendezvous, restarts, log files, error files).
@@ -28,14 +30,16 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    from netsim_ddp.workload import rank
+    from netsim_ddp.workload import rank, script_rank
 
     args = parse_args(argv)
-    if not args.module or args.training_script != rank.__name__:
-        raise SystemExit(f"{__name__} starts {rank.__name__} only (-m {rank.__name__})")
+    entries = {module.__name__: module.forked_main for module in (rank, script_rank)}
+    if not args.module or args.training_script not in entries:
+        raise SystemExit(f"{__name__} starts {' or '.join(entries)} only (-m MODULE)")
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
-    elastic_launch(config=config, entrypoint=rank.forked_main)(list(args.training_script_args))
+    elastic_launch(config=config, entrypoint=entries[args.training_script])(
+        list(args.training_script_args))
 
 
 if __name__ == "__main__":

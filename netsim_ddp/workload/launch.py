@@ -81,8 +81,10 @@ def torchrun_argv(
     profile_dir: Path | str | None = None,
     python: str = sys.executable,
     agent: str = "torch.distributed.run",
+    entry: Sequence[str] | None = None,
 ) -> list[str]:
-    """The command line for one node's torchrun (or `agent`: agent_module)."""
+    """The command line for one node's torchrun (or `agent`: agent_module). `entry`: what
+    torchrun starts on each rank instead of the built-in loop (spec_path and out_dir unused)."""
     argv = [
         python, "-P", "-m", agent,  # -P: never import from the cwd
         "--nnodes", str(nnodes),
@@ -94,10 +96,10 @@ def torchrun_argv(
         "--max-restarts", "0",  # a failed rank is a failed run, never a silent retry
         "--log-dir", str(log_dir),
         "--tee", "3",  # per-rank stdout/stderr files, and a copy on torchrun's own output
-        "-m", RANK_MODULE,
-        "--spec", str(spec_path),
-        "--out", str(out_dir),
     ]  # fmt: skip
+    if entry is not None:
+        return argv + list(entry)
+    argv += ["-m", RANK_MODULE, "--spec", str(spec_path), "--out", str(out_dir)]
     if profile_dir is not None:
         argv += ["--profile", str(profile_dir)]
     return argv
@@ -155,29 +157,49 @@ def launch(
     spec_path = out / "spec.json"
     spec_path.write_text(spec.model_dump_json(indent=1))
     port = master_port if master_port is not None else free_port()
-    child_env = rank_env(socket_ifname, env)
+    argvs = [
+        torchrun_argv(
+            nnodes=len(nodes),
+            nproc_per_node=ranks_per_node,
+            node_rank=node_rank,
+            master_addr=nodes[0].address,
+            master_port=port,
+            spec_path=spec_path,
+            out_dir=out,
+            log_dir=logs / node.name,
+            profile_dir=out if profile else None,
+            agent=agent_module(spec),
+        )
+        for node_rank, node in enumerate(nodes)
+    ]
+    run_nodes(nodes, argvs, logs, rank_env(socket_ifname, env), timeout_s, watchdog=watchdog,
+              node_env=node_env)
+    return read_results(out, spec, logs)
 
+
+def run_nodes(
+    nodes: Sequence[Node],
+    argvs: Sequence[Sequence[str]],
+    logs: Path,
+    child_env: Mapping[str, str],
+    timeout_s: float,
+    *,
+    watchdog: Callable[[], None] | None = None,
+    node_env: Sequence[Mapping[str, str]] | None = None,
+    describe_timeout: Callable[[], str] | None = None,
+) -> None:
+    """Start argvs[i] on nodes[i] and wait for all of them (see `launch`); raises
+    WorkloadError, every process gone, if one fails or the timeout passes.
+    `describe_timeout()` adds to a timeout's report (e.g. the ranks' last log lines)."""
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
         stack.callback(kill_all, procs)  # runs however we leave: success, failure, Ctrl-C
-        for node_rank, node in enumerate(nodes):
-            argv = torchrun_argv(
-                nnodes=len(nodes),
-                nproc_per_node=ranks_per_node,
-                node_rank=node_rank,
-                master_addr=nodes[0].address,
-                master_port=port,
-                spec_path=spec_path,
-                out_dir=out,
-                log_dir=logs / node.name,
-                profile_dir=out if profile else None,
-                agent=agent_module(spec),
-            )
+        for node_rank, (node, argv) in enumerate(zip(nodes, argvs, strict=True)):
             # A file, not a pipe: nobody reads while waiting, and a full pipe would block it.
             output = stack.enter_context(open(logs / f"{node.name}.torchrun.log", "wb"))
             procs.append(
                 node.popen(
-                    argv,
+                    list(argv),
                     env={**child_env, **(node_env[node_rank] if node_env else {})},
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -192,11 +214,11 @@ def launch(
             f"workload timed out after {timeout_s:g}s; still running: "
             + ", ".join(nodes[i].name for i in timed_out)
             + "\n"
-            + failure_report(nodes, logs, failed)
+            + (describe_timeout() if describe_timeout is not None
+               else failure_report(nodes, logs, failed))
         )
     if failed:
         raise WorkloadError(failure_report(nodes, logs, failed))
-    return read_results(out, spec, logs)
 
 
 def _wait_all(

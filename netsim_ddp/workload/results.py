@@ -128,6 +128,25 @@ def bucket_maxima(ranks: Sequence[RankSamples]) -> list[list[float]] | None:
             for steps in zip(*per_rank, strict=True)]
 
 
+class ScriptRun(BaseModel):
+    """How a user's script ran (a ModeResult of a script's variant carries it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str]
+    variant_args: list[str] = Field(default_factory=list)
+    variant_env: dict[str, str] = Field(default_factory=dict)
+    steps: str = Field(description="What ended a step: 'optimizer' or 'marker'.")
+    ddp_models: int = Field(description="DDP models the script built (max over ranks).")
+    comm_hooks: list[str] = Field(default_factory=list,
+                                  description="The script's own DDP comm hooks.")
+    optimizers: list[str] = Field(default_factory=list)
+    step_wire_bytes: list[int] | None = Field(
+        default=None,
+        description="Per measured step, what every node's link sent between its local rank "
+        "0's step boundaries (read without a barrier; background included), summed.")
+
+
 class ModeResult(BaseModel):
     """What one mode cost on the network: rank 0 writes it after gathering every rank."""
 
@@ -173,14 +192,24 @@ class ModeResult(BaseModel):
         default=None, description="Per iteration, the rank whose backward finished last.")
     started_monotonic: list[float] | None = Field(
         default=None, description="Per iteration, when the first rank started its step.")
+    script: ScriptRun | None = Field(
+        default=None, description="A user's script's run (compute_s and comm_s are then "
+        "empty: a script has no compute-only step to measure).")
     ranks: list[RankSamples]
+
+    @property
+    def has_compute(self) -> bool:
+        """Whether compute-only steps were measured (the built-in loop; never a script)."""
+        return bool(self.compute_s)
 
 
 def combine(ranks: Sequence[RankSamples], **meta: object) -> ModeResult:
     """Fold every rank's samples into the job's view (see the module docstring)."""
     ordered = sorted(ranks, key=lambda r: r.rank)
     iteration_s = slowest([r.iteration_s for r in ordered])
-    compute_s = slowest([r.compute_s for r in ordered])
+    # A script's ranks measure no compute-only step: no compute, so no exposed comm either.
+    compute_s = (slowest([r.compute_s for r in ordered])
+                 if any(r.compute_s for r in ordered) else [])
     profiled = [r.profiler_allreduce_s for r in ordered]
     collective = [r.collective_s for r in ordered]
     starts = [r.started_monotonic for r in ordered]
@@ -194,7 +223,7 @@ def combine(ranks: Sequence[RankSamples], **meta: object) -> ModeResult:
                            if all(s is not None for s in starts) else None),
         iteration_s=iteration_s,
         compute_s=compute_s,
-        comm_s=exposed_comm(iteration_s, compute_s),
+        comm_s=exposed_comm(iteration_s, compute_s) if compute_s else [],
         sent_bytes_per_iteration=max(max(r.sent_bytes) for r in ordered),
         profiler_allreduce_s=(
             slowest([p for p in profiled if p is not None])

@@ -1,0 +1,140 @@
+"""A user's script's steps, as the recorder sees them (workload.steps): no torch, no network.
+The edges, link counters and collective timing are stand-ins that record what was asked of
+them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from netsim_ddp.fabric.own_link import LinkMark
+from netsim_ddp.workload.steps import (
+    Edges,
+    MeasuredEnough,
+    ScriptRankRecord,
+    ScriptSpec,
+    StepError,
+    StepRecorder,
+    record_path,
+)
+
+
+@dataclass
+class Fake:
+    """Clock, link counter (+1000 bytes a read) and collectives (+10 bytes a step)."""
+
+    now: float = 0.0
+    sent: int = 0
+    events: list[str] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def read_link(self) -> LinkMark:
+        self.sent += 1000
+        return LinkMark(self.now, self.sent, self.sent // 100)
+
+    def take_step(self) -> tuple[int, list[tuple[float, float]] | None]:
+        return 10, [(0.0, 0.001)]
+
+    def describe(self, record: ScriptRankRecord) -> None:
+        record.ddp_models = 1
+
+
+def recorder(tmp_path, fake: Fake, *, warmup: int = 2, iterations: int = 3,
+             steps: str = "optimizer", after: str = "stop") -> StepRecorder:
+    spec = ScriptSpec(run="v", warmup=warmup, iterations=iterations, steps=steps,
+                      after_measured=after, out=str(tmp_path), barrier_timeout_s=5)
+    return StepRecorder(
+        spec=spec,
+        record=ScriptRankRecord(rank=0, local_rank=0, hostname="h", boundaries=0),
+        edges=Edges(barrier=lambda name: fake.events.append(f"barrier {name}"),
+                    read_link=fake.read_link,
+                    signal=lambda edge: fake.events.append(f"signal {edge}")),
+        collectives=fake, clock=fake.clock)
+
+
+def test_steps_between_boundaries_the_window_at_its_edges_and_a_stop(tmp_path) -> None:
+    fake = Fake()
+    rec = recorder(tmp_path, fake)
+    optimizer = object()
+    for now in (1.0, 2.0, 2.5, 3.5):  # warm-up ends at the 2nd step (t=2.0)
+        fake.now = now
+        rec.optimizer_stepped(optimizer)
+    assert fake.events == ["barrier v/start", "signal start"]
+    fake.now = 6.0
+    with pytest.raises(MeasuredEnough):  # the 5th step closes the window: stop
+        rec.optimizer_stepped(optimizer)
+    assert fake.events[2:] == ["barrier v/end", "signal end"]
+    saved = json.loads(record_path(tmp_path, 0).read_text())
+    assert saved["step_s"] == pytest.approx([0.5, 1.0, 2.5])
+    assert saved["hook_bytes"] == [10, 10, 10]
+    # one read per boundary inside the window, between the two edge marks
+    assert saved["step_link_bytes"] == [1000, 1000, 1000]
+    assert [m["sent_bytes"] for m in saved["link_marks"]] == [1000, 5000]
+    assert saved["ddp_models"] == 1 and saved["optimizers"] == ["object"]
+
+
+def test_finish_lets_the_script_run_on_after_the_window(tmp_path) -> None:
+    fake = Fake()
+    rec = recorder(tmp_path, fake, warmup=1, iterations=1, after="finish")
+    for _ in range(5):
+        rec.optimizer_stepped(rec)
+    rec.finish()  # enough steps: no error
+    assert len(rec.record.step_s) == 1 and rec.record.boundaries == 5
+
+
+def test_a_script_that_never_steps_is_told_what_was_looked_for(tmp_path) -> None:
+    with pytest.raises(StepError, match=r"made no step.*optimizer\.step\(\).*netsim_ddp\.step"):
+        recorder(tmp_path, Fake(), steps="auto").finish()
+
+
+def test_a_script_that_ends_early_says_how_many_steps_it_made(tmp_path) -> None:
+    rec = recorder(tmp_path, Fake())
+    for _ in range(3):
+        rec.optimizer_stepped(rec)
+    with pytest.raises(StepError, match=r"ended after 3 steps.*2 warm-up \+ 3 steps = 5"):
+        rec.finish()
+
+
+def test_two_optimizers_need_the_marker(tmp_path) -> None:
+    rec = recorder(tmp_path, Fake())
+    rec.optimizer_stepped(rec)
+    with pytest.raises(StepError, match=r"2 optimizers \(StepRecorder, Fake\).*netsim_ddp"):
+        rec.optimizer_stepped(Fake())
+
+
+def test_auto_takes_the_marker_when_it_comes_in_the_warm_up(tmp_path) -> None:
+    fake = Fake()
+    rec = recorder(tmp_path, fake, warmup=3, iterations=1, steps="auto")
+    first, second = object(), Fake()
+    rec.optimizer_stepped(first)
+    rec.optimizer_stepped(second)  # two optimizers, but the window is not opening yet
+    rec.marked()  # the script marks its steps: from now on only the marker counts
+    assert rec.record.steps == "marker" and rec.record.boundaries == 1
+    rec.optimizer_stepped(first)
+    rec.optimizer_stepped(second)
+    assert rec.record.boundaries == 1
+    rec.marked()
+    rec.marked()
+    assert fake.events == ["barrier v/start", "signal start"]
+
+
+def test_a_marker_after_the_window_opened_on_optimizer_steps_is_refused(tmp_path) -> None:
+    rec = recorder(tmp_path, Fake(), warmup=1, steps="auto")
+    rec.optimizer_stepped(rec)  # opens the window at warm-up step 1
+    with pytest.raises(StepError, match=r'set \[workload\] steps = "marker"'):
+        rec.marked()
+
+
+def test_an_explicit_optimizer_setting_refuses_the_marker(tmp_path) -> None:
+    with pytest.raises(StepError, match="calls netsim_ddp.step"):
+        recorder(tmp_path, Fake()).marked()
+
+
+def test_the_marker_does_nothing_outside_netsim_ddp() -> None:
+    import netsim_ddp
+
+    netsim_ddp.step()  # no recorder installed: a script keeps its call
