@@ -47,9 +47,9 @@ class Metric(MetricName):
         if self.series in NEEDS_COMPUTE and not r.compute_s:
             raise ValueError(f"{self.series} needs compute-only steps, and a user's script has "
                              "none: claim iteration_s, collective_s or wire_bytes_per_iteration")
-        return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s,
-                "scaling_efficiency": [c / i for c, i in
-                                       zip(r.compute_s, r.iteration_s, strict=True)]
+        if self.series == "scaling_efficiency":
+            return [c / i for c, i in zip(r.compute_s, r.iteration_s, strict=True)]
+        return {"iteration_s": r.iteration_s, "comm_s": r.comm_s, "compute_s": r.compute_s
                 }.get(self.series)
 
     def value(self, mode: ModeReport | ModeRecord) -> float:
