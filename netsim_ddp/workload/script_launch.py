@@ -98,8 +98,16 @@ def launch_script(
                  for index, node in enumerate(nodes)]
         child_env = rank_env(socket_ifname, {**(env or {}), **variant.env,
                                              SPEC_ENV: str(spec_path)})
-        run_nodes(nodes, argvs, logs, child_env, timeout_s, watchdog=watchdog,
-                  node_env=node_env, describe_timeout=functools.partial(last_lines, nodes, logs))
+        try:
+            run_nodes(nodes, argvs, logs, child_env, timeout_s, watchdog=watchdog,
+                      node_env=node_env,
+                      describe_timeout=functools.partial(last_lines, nodes, logs))
+        except WorkloadError as exc:
+            if "timed out" in str(exc):  # its report holds every rank's last lines already
+                raise
+            # What the script printed says why, often more than its traceback does.
+            raise WorkloadError(f"{name}: {exc}\n{last_lines(nodes, logs, 'stdout.log')}"
+                                ) from None
         records = read_records(folder, len(nodes) * ranks_per_node, logs)
         results[name] = combine_script(
             records, run=name, command=command, variant_args=variant.args,
@@ -108,11 +116,12 @@ def launch_script(
     return results
 
 
-def last_lines(nodes: Sequence[Node], logs: Path, lines: int = LAST_LINES) -> str:
+def last_lines(nodes: Sequence[Node], logs: Path, files: str = "std*.log",
+               lines: int = LAST_LINES) -> str:
     """Every rank's last lines of output (stdout, then stderr): where a hung script was."""
     parts = []
     for node in nodes:
-        for path in sorted((logs / node.name).rglob("std*.log")):
+        for path in sorted((logs / node.name).rglob(files)):
             text = _tail(path, lines)
             rank = path.parent.name  # torchrun's per-rank folder: attempt_0/<local rank>
             parts.append(f"--- {node.name} local rank {rank} {path.name} ---\n"

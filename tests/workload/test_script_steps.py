@@ -138,3 +138,44 @@ def test_the_marker_does_nothing_outside_netsim_ddp() -> None:
     import netsim_ddp
 
     netsim_ddp.step()  # no recorder installed: a script keeps its call
+
+
+def records(ddp_models: int) -> list[ScriptRankRecord]:
+    return [ScriptRankRecord(rank=rank, local_rank=0, hostname=f"n{rank}", boundaries=4,
+                             step_s=[0.2, 0.3], started_monotonic=[1.0, 1.2],
+                             hook_bytes=[400 * ddp_models] * 2, step_link_bytes=[10, 30],
+                             ddp_models=ddp_models, optimizers=["SGD"],
+                             link_marks=[{"monotonic_s": 1.0, "sent_bytes": 0,
+                                          "sent_packets": 0},
+                                         {"monotonic_s": 1.5, "sent_bytes": 40,
+                                          "sent_packets": 1}])
+            for rank in range(2)]
+
+
+def combined(ddp_models: int):
+    from netsim_ddp.scenario.workload import WorkloadConfig
+    from netsim_ddp.workload.script_launch import combine_script
+
+    workload = WorkloadConfig.model_validate({"command": ["t.py"], "iterations": 2})
+    return combine_script(records(ddp_models), run="script", command=["t.py"],
+                          variant_args=[], variant_env={}, workload=workload,
+                          local_world_size=1, socket_ifname="eth0")
+
+
+def test_ranks_fold_into_one_result_with_no_compute_and_summed_step_bytes() -> None:
+    result = combined(ddp_models=1)
+    assert result.iteration_s == [0.2, 0.3] and result.compute_s == result.comm_s == []
+    assert result.sent_bytes_per_iteration == 400
+    assert result.script is not None and result.script.step_wire_bytes == [20, 60]
+
+
+def test_a_script_whose_ranks_exchange_nothing_fails_its_measured_check() -> None:
+    from netsim_ddp.measure.mode_report import ModeReport
+    from netsim_ddp.run.runner import measurement_checks
+
+    quiet = ModeReport(combined(ddp_models=0), 0.0, 0.0, 1e9)
+    (check,) = measurement_checks({"script": quiet}, nodes=2)
+    assert not check.passed and "do not exchange gradients" in check.detail
+    assert quiet.scaling_efficiency is None and quiet.to_record().summary.comm_s is None
+    busy = ModeReport(combined(ddp_models=1), 4e6, 0.0, 1e9)
+    assert measurement_checks({"script": busy}, nodes=2) == []
