@@ -535,6 +535,9 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     from .workload import WorkloadError
 
     (scenario,) = _load_all((file,))
+    if scenario.workload is not None and scenario.workload.is_script:
+        _fail(f"{file}: workload.command: `host` runs the built-in loop only; run a script "
+              "on one host's emulated network with `netsim-ddp launch`", EXIT_BAD_INPUT)
     try:
         session = NetsimSession.create(
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,

@@ -162,6 +162,9 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
         elif spec.allreduce_probe is not None:
             run_probe(spec.allreduce_probe, out_dir)
         modes = spec.selected_modes()
+        if modes and spec.workload.is_script:  # never train the default model instead
+            raise RuntimeError("this workload is a user's script: script_rank runs it, not the "
+                               "built-in loop (workload.script_launch)")
         for index, mode_name in enumerate(modes):
             samples, params = run_mode(spec.workload, mode_name, device, profile_dir)
             gathered: list[RankSamples | None] = [None] * dist.get_world_size()
