@@ -158,7 +158,7 @@ args = {{args}}
     # (a script that never steps: tests/workload/test_script_steps.py, without a network)
     ("too-short", ["--steps", "2"], None,
      "ended after 2 steps, but the scenario measures 1 warm-up + 3 steps = 4"),
-    ("hangs", ["--hang-at", "2"], 25, "timed out after 25s"),
+    ("hangs", ["--hang-at", "2"], 20, "timed out after 20s"),
 ])
 def test_a_broken_script_fails_the_run_with_the_reason(tmp_path, name, args, timeout, words):
     text = ERRORS.format(name=name, args=json.dumps(args))
@@ -168,3 +168,13 @@ def test_a_broken_script_fails_the_run_with_the_reason(tmp_path, name, args, tim
     assert words in (report.error or ""), report.error
     if name == "hangs":  # the ranks' last lines say where they were
         assert "rank 0: step 2, sleeping" in (report.error or ""), report.error
+    # nothing outlives the run: no agent or rank (forked ranks keep the agent's command line,
+    # which names the run's folder) is left
+    survivors = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp_path).encode() in cmdline.read_bytes():
+                survivors.append(cmdline.parent.name)
+        except OSError:
+            continue  # exited while we looked
+    assert not survivors
