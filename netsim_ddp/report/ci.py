@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netsim_ddp.measure.document import ModeRecord, ResultsDocument
+from netsim_ddp.scenario.expectations import NEEDS_COMPUTE
 from netsim_ddp.verdicts.gate import HIGHER_IS_BETTER, Metric
 
 if TYPE_CHECKING:  # the history brings ruptures (seconds to import): not for a run's summary
@@ -143,9 +144,17 @@ def _unit(metric: Metric) -> tuple[str, float]:
 
 
 def _exported(document: ResultsDocument) -> list[tuple[str, Metric, ModeRecord]]:
-    return [(f"{scenario.name}[{mode}]", Metric.parse(text), record)
-            for scenario in document.scenarios for mode, record in scenario.modes.items()
-            for text in EXPORTED]
+    """Every exported metric a record has (a user's script has no compute-only steps, so no
+    comm_s or scaling_efficiency; its collective_s is exported instead where DDP ran)."""
+    exported = []
+    for scenario in document.scenarios:
+        for mode, record in scenario.modes.items():
+            names = EXPORTED if record.compute_s else (
+                *[text for text in EXPORTED if Metric.parse(text).series not in NEEDS_COMPUTE],
+                *(["collective_s.median"] if record.collective_s else []))
+            exported += [(f"{scenario.name}[{mode}]", Metric.parse(text), record)
+                         for text in names]
+    return exported
 
 
 def github_benchmark(document: ResultsDocument, bigger_is_better: bool = False

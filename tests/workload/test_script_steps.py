@@ -145,6 +145,8 @@ def records(ddp_models: int) -> list[ScriptRankRecord]:
                              step_s=[0.2, 0.3], started_monotonic=[1.0, 1.2],
                              hook_bytes=[400 * ddp_models] * 2, step_link_bytes=[10, 30],
                              ddp_models=ddp_models, optimizers=["SGD"],
+                             bucket_intervals=[[(0.0, 0.1)], [(0.05, 0.2)]] if ddp_models
+                             else None,
                              link_marks=[{"monotonic_s": 1.0, "sent_bytes": 0,
                                           "sent_packets": 0},
                                          {"monotonic_s": 1.5, "sent_bytes": 40,
@@ -179,3 +181,48 @@ def test_a_script_whose_ranks_exchange_nothing_fails_its_measured_check() -> Non
     assert quiet.scaling_efficiency is None and quiet.to_record().summary.comm_s is None
     busy = ModeReport(combined(ddp_models=1), 4e6, 0.0, 1e9)
     assert measurement_checks({"script": busy}, nodes=2) == []
+
+
+def test_a_script_run_reads_back_exports_tables_and_gates(tmp_path) -> None:
+    """What a script's run leaves out (comm, compute, efficiency) is left out everywhere that
+    reads results: the document, its exports, the table, the baseline, the history."""
+    from rich.console import Console
+
+    from netsim_ddp.measure.document import load_document, save
+    from netsim_ddp.measure.mode_report import ModeReport
+    from netsim_ddp.report.ci import bencher_metrics, github_benchmark, run_summary
+    from netsim_ddp.report.tables import mode_table
+    from netsim_ddp.scenario.spec import Scenario
+    from netsim_ddp.verdicts import baseline
+    from netsim_ddp.verdicts.gate import Tolerance
+    from netsim_ddp.verdicts.history import Run, judge_history, parse_metrics
+    from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
+
+    scenario = Scenario.from_dict({"name": "s", "topology": {"nodes": 2},
+                                   "link": {"rate": "1gbit"},
+                                   "workload": {"command": ["t.py"], "iterations": 2}})
+    report = ScenarioReport(scenario)
+    report.modes["script"] = ModeReport(combined(ddp_models=1), 4e6, 0.0, 1e9)
+    path = save(results_document([report]), tmp_path / "results.json")
+    document = load_document(path)
+    record = document.scenarios[0].modes["script"]
+    assert record.comm_s == [] and record.summary.comm_s is None
+    assert record.script is not None and record.script.step_wire_bytes == [20, 60]
+    names = {entry["name"] for entry in github_benchmark(document)}
+    assert names == {"s[script] iteration_s.median", "s[script] wire_bytes_per_iteration",
+                     "s[script] collective_s.median"}
+    assert "scaling_efficiency-median-ratio" not in bencher_metrics(document)["s[script]"]
+    assert "| s | passed | script | 250.0 | - | - | 4.00 |" in run_summary(document)
+    console = Console(width=200, record=True)
+    console.print(mode_table(report))
+    assert "script t.py" in console.export_text()
+    baseline.save([report], tmp_path / "baseline.json")
+    saved = baseline.Baseline(tmp_path / "baseline.json")
+    verdicts = saved.compare(report, [Tolerance.parse("median:10%")], 0.05)
+    assert [v.passed for v in verdicts] == [True]
+    with pytest.raises(baseline.BaselineError, match="comm_s was not measured"):
+        saved.compare(report, [Tolerance.parse("comm_s.median:10%")], 0.05)
+    metrics, tolerances = parse_metrics([], [])
+    history = judge_history([Run(1, str(path), document)], metrics, tolerances)
+    assert {str(h.metric) for h in history.metrics} == {"iteration_s.median",
+                                                        "wire_bytes_per_iteration"}
