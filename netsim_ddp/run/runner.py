@@ -50,7 +50,7 @@ from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
 from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.nccl import rank_log_lines, verify_transport
 from netsim_ddp.workload.placement import place
-from netsim_ddp.workload.script_launch import launch_script
+from netsim_ddp.workload.script_launch import launch_script, resolve_command
 from netsim_ddp.workload.window import NODE_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
@@ -85,6 +85,8 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                          "add a [workload] section (see README)")
     if iterations is not None:
         workload = workload.model_copy(update={"iterations": iterations})
+    if workload.command is not None:  # a missing script fails before anything is built
+        resolve_command(workload.command, scenario.path.parent if scenario.path else None)
     placement = place(workload, scenario.topology)
     if placement.refused:  # before any network is built: this host cannot run it
         return ScenarioReport(scenario, placement=placement, refused=placement.refused)

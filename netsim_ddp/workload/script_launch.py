@@ -44,11 +44,13 @@ def resolve_command(command: Sequence[str], base_dir: Path | None) -> list[str]:
     if command[0] == "-m":
         return list(command)
     script = Path(command[0])
-    if not script.is_absolute():
-        beside = (base_dir / script) if base_dir is not None else None
-        script = beside if beside is not None and beside.exists() else Path.cwd() / script
-    if not script.is_file():
-        raise WorkloadError(f"workload.command: no script at {script}")
+    places = [script] if script.is_absolute() else [
+        *([base_dir / script] if base_dir is not None else []), Path.cwd() / script]
+    found = next((place for place in places if place.is_file()), None)
+    if found is None:
+        raise WorkloadError(f"workload.command: no script {command[0]!r}: looked for "
+                            + " and ".join(str(place) for place in places))
+    script = found
     return [str(script.resolve()), *command[1:]]
 
 

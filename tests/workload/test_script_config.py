@@ -55,3 +55,12 @@ def test_launch_turns_a_loop_scenario_into_a_script_one() -> None:
     assert workload is not None and workload.command == ["/abs/train.py", "--x"]
     assert (workload.iterations, workload.warmup, workload.steps) == (5, 1, "marker")
     assert workload.modes == ["script"]
+
+
+def test_the_shipped_example_scenario_loads() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "imagenet" / "scenario.toml"
+    workload = Scenario.load(path).workload
+    assert workload is not None and workload.command is not None
+    assert workload.command[0] == "main.py" and "--dummy" in workload.command
