@@ -138,12 +138,12 @@ class StepRecorder:
 
     def optimizer_stepped(self, optimizer: object) -> None:
         """torch's global post-step hook calls this after every optimizer.step()."""
-        if self.record.steps != OPTIMIZER:
-            return
         key = id(optimizer)
         if key not in self._optimizer_ids:
             self._optimizer_ids[key] = type(optimizer).__name__
             self.record.optimizers = list(self._optimizer_ids.values())
+        if self.record.steps != OPTIMIZER:
+            return
         # With steps = 'auto' a netsim_ddp.step() may still come (after this step's
         # optimizers): only a window about to open on optimizer steps needs one optimizer.
         if len(self._optimizer_ids) > 1 and (self.spec.steps == OPTIMIZER or
