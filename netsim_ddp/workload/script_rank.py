@@ -93,8 +93,14 @@ class DdpProbe:
 def install_ddp_probe(probe: DdpProbe) -> None:
     """Wrap DDP so that every model's comm hook is timed (see the module docstring)."""
     register = DistributedDataParallel.register_comm_hook
+    builtin = DistributedDataParallel._register_builtin_comm_hook
     forward = DistributedDataParallel.forward
     hooked: set[int] = set()
+
+    def register_builtin_comm_hook(self: DistributedDataParallel, hook_type: Any) -> None:
+        hooked.add(id(self))  # a C++ hook: runs untimed (collective_s then missing)
+        probe.hooks.append(str(hook_type))
+        builtin(self, hook_type)
 
     def register_comm_hook(self: DistributedDataParallel, state: object, hook: Any) -> None:
         hooked.add(id(self))
@@ -102,13 +108,17 @@ def install_ddp_probe(probe: DdpProbe) -> None:
         register(self, state, probe.counted(self, hook))
 
     def timed_forward(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> Any:
-        if id(self) not in hooked:  # the script registered no hook: time torch's default
+        # The script registered no hook (through us or before we were installed): time
+        # torch's default all-reduce.
+        if id(self) not in hooked and not getattr(self, "_comm_hooks", None):
             hooked.add(id(self))
             register(self, self.process_group, probe.counted(self, allreduce_hook))
         return forward(self, *args, **kwargs)
 
     DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
     DistributedDataParallel.forward = timed_forward  # type: ignore[method-assign]
+    DistributedDataParallel._register_builtin_comm_hook = (  # type: ignore[method-assign]
+        register_builtin_comm_hook)
 
 
 def _edges(spec: steps.ScriptSpec, rank: int, local_rank: int, world: int) -> steps.Edges:
