@@ -64,3 +64,25 @@ def test_the_shipped_example_scenario_loads() -> None:
     workload = Scenario.load(path).workload
     assert workload is not None and workload.command is not None
     assert workload.command[0] == "main.py" and "--dummy" in workload.command
+
+
+def test_launch_refuses_a_missing_script_or_command_before_building(tmp_path) -> None:
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from netsim_ddp.cli import main
+
+    default = str(Path(__file__).resolve().parents[2] / "scenarios" / "default.toml")
+    runner = CliRunner()
+    missing = runner.invoke(main, ["launch", default, "--", str(tmp_path / "nope.py")])
+    assert missing.exit_code == 2 and "no script" in missing.output
+    no_command = runner.invoke(main, ["launch", default])
+    assert no_command.exit_code == 2 and "no command" in no_command.output
+    host = tmp_path / "s.toml"
+    host.write_text('[topology]\nnodes = 2\n[link]\nrate = "1gbit"\n'
+                    '[workload]\ncommand = ["t.py"]\n')
+    refused = runner.invoke(main, ["host", str(host), "--node-rank", "0", "--nnodes", "2",
+                                   "--master-addr", "127.0.0.1", "--master-port", "1",
+                                   "--nic", "lo"])
+    assert refused.exit_code == 2 and "netsim-ddp launch" in refused.output
