@@ -1,5 +1,5 @@
 """The [sweep] table of a scenario file: which points to run, the held-out check, and what to
-project to. No torch, no runner: `scenario.py` can import it for its `sweep` field."""
+project to. No torch, no runner: `spec.py` can import it for its `sweep` field."""
 
 from __future__ import annotations
 
