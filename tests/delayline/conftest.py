@@ -1,4 +1,5 @@
-"""Fixtures for the delay line's tests: they build real namespaces, so they need root."""
+"""Fixtures for the delay line's tests: they build real namespaces, so they need root (where
+they cannot run: a skip, or a failure under NETSIM_DDP_REQUIRE_FABRIC, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
 
 
 @pytest.fixture(scope="session")
-def forwarder_binary():
+def forwarder_binary(lacks_fabric):
     try:
         return build_binary()
     except DelayLineBuildError as exc:
-        pytest.skip(f"cannot build the delay line forwarder: {exc}")
+        lacks_fabric(f"cannot build the delay line forwarder: {exc}")
 
 
 @pytest.fixture(scope="session")
-def as_root() -> None:
+def as_root(lacks_fabric) -> None:
     if os.geteuid() != 0:
-        pytest.skip("the delay line tests create namespaces and AF_PACKET sockets: run as root")
+        lacks_fabric("the delay line tests create namespaces and AF_PACKET sockets: run as root")
 
 
 def _leftovers(bed: Testbed) -> list[str]:
