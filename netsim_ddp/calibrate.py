@@ -211,7 +211,8 @@ def projection_use(calibration: Calibration, calibratable: Sequence[str]) -> str
     """What a projection does with this calibration, in one line."""
     kind = calibration.collective
     if calibration.hosts > 1 and kind == "all_reduce":
-        return "projections: the network level (ring, tree, and the hierarchical network phase)"
+        return ("projections: the network level (ring and tree; the hierarchical network "
+                "phase on servers unlike its hosts)")
     if calibration.hosts == 1 and kind in CALIBRATABLE_INTRA:
         return (f"projections: the NVLink level inside a server of {calibration.world_size} "
                 f"GPUs ({'half of it per phase' if kind == 'all_reduce' else 'its phase'} of "

@@ -177,7 +177,7 @@ class Nics:
     NIC nearest it (NCCL's default), so min(GPUs in use, NICs) carry a server's traffic."""
 
     per_server: int = 1
-    source: str = "default (set nics_per_server: H100 servers usually have one per GPU)"
+    source: str = "default"
     bits_per_s: float | None = None
     rate_source: str = ""
 
@@ -220,29 +220,31 @@ def check_network(network: Calibration, nics: Nics) -> NetworkCheck:
             "overstates what more hosts get. A calibration with NCCL_ALGO=Ring or on 4+ hosts "
             "avoids it",))
     nic = nics.bits_per_s / 8
-    given = not nics.source.startswith("default")
+    given = nics.source != "default"
     carrying = nics.carrying(g0) if given else g0
     ceiling = carrying * nic
-    rate = f"{nics.bits_per_s / 1e9:g} Gbit/s ({nics.rate_source})"
+    typical = " typical" if nics.rate_source.startswith("typical") else ""
+    rate = f"{nics.bits_per_s / 1e9:g} Gbit/s"
     if tree_possible and busbw > ceiling:
         scale = bus_factor("all_reduce", n0) * TREE_EFFICIENCY
-        nic_words = (f"{carrying} NIC(s) per server ({nics.source})" if given
-                     else f"one NIC per GPU at most, {carrying}")
-        flag = (f"{network.label}: FLAG: cannot be extrapolated as measured: on 2 hosts its bus "
-                f"bandwidth, {busbw / 1e9:.1f} GB/s, is above what a ring over its NICs can "
-                f"reach ({nic_words} x {rate} = {ceiling / 1e9:.0f} GB/s): NCCL ran its tree "
-                "(or NVLS tree), which moves S through each server's NICs where a ring moves "
-                "2(n-1)/n x S, and would project 3 or more hosts ~30% fast. Read here as that "
-                f"tree: a ring of {busbw / scale / 1e9:.0f} GB/s bus bandwidth (its algbw / "
-                f"{TREE_EFFICIENCY}, NCCL's tree efficiency), an estimate. Remedy: rerun it with "
-                "NCCL_ALGO=Ring (mpirun -x NCCL_ALGO=Ring), or calibrate on 4 or more hosts")
+        bound = (f"{carrying} NIC(s) x {rate}{typical}" if given
+                 else f"{carrying} x {rate}{typical}, one NIC per GPU at most")
+        flag = (f"FLAG {network.label}: its bus bandwidth on 2 hosts, {busbw / 1e9:.1f} GB/s, "
+                f"is above what a ring over its NICs can reach ({bound}: "
+                f"{ceiling / 1e9:.0f} GB/s): NCCL's tree (or NVLS tree) at work, which moves S "
+                "through each server's NICs where a ring moves 2(n-1)/n x S; as measured it "
+                "would project 3+ hosts ~30% fast. Projections read it as that tree (a ring of "
+                f"{busbw / scale / 1e9:.0f} GB/s = its algbw / {TREE_EFFICIENCY}, NCCL's tree "
+                "efficiency: an estimate). Remedy: rerun with NCCL_ALGO=Ring (mpirun -x "
+                "NCCL_ALGO=Ring), or calibrate on 4 or more hosts")
         return NetworkCheck(tree=True, ring_scale=scale, flags=(flag,))
     notes = []
     if busbw > nics.carrying(g0) * nic:
         notes.append(
             f"{network.label}: its bus bandwidth, {busbw / 1e9:.1f} GB/s, needs more than "
-            f"{nics.carrying(g0)} NIC(s) per server at {rate}: nics_per_server = "
-            f"{nics.per_server} ({nics.source}) under-counts the servers' NICs; set it"
+            f"{nics.carrying(g0)} NIC(s) per server at {rate}{typical}: nics_per_server = "
+            f"{nics.per_server} ({nics.source}) under-counts the servers' NICs; set it (H100 "
+            "servers usually have one per GPU)"
             + ("; if it is right, NCCL ran its 2-host tree (rerun with NCCL_ALGO=Ring or on 4+ "
                "hosts)" if tree_possible else ""))
     return NetworkCheck(notes=tuple(notes))
@@ -338,9 +340,11 @@ class Cluster:
         """The levels, in words, for the projection's assumptions."""
         g, nv, nics, g0 = self.gpus_per_server, self.nvlink, self.nics, self.network.gpus_per_host
         lines = [f"{g} GPU(s) per server ({self.gpus_source})"]
-        carried = (f"{nics.per_server} NIC(s) per server ({nics.source}); the traffic's: "
-                   f"{nics.carrying(g0)} per calibrated host of {g0} GPU(s), "
-                   f"{nics.carrying(g)} per projected server of {g}")
+        source = ("default: set nics_per_server, H100 servers usually have one per GPU"
+                  if nics.source == "default" else nics.source)
+        carried = (f"{nics.per_server} NIC(s) per server ({source}); carrying the traffic: "
+                   f"{nics.carrying(g0)} on each calibrated host ({g0} GPUs), "
+                   f"{nics.carrying(g)} on each projected server ({g} GPUs)")
         if self.nic_scale != 1:
             carried += f": the network's bandwidth x {self.nic_scale:g}"
         if nics.bits_per_s is not None:
@@ -363,29 +367,37 @@ class Cluster:
                 "network": self.level.as_dict(), "flags": self.flags}
 
 
+def _field(where: str, name: str) -> str:
+    """A field as the user gave it: a command-line option (`where` "--calibration") or a
+    [sweep.projection] field."""
+    return f"--{name.replace('_', '-')}" if where.startswith("--") else f"{where}.{name}"
+
+
 def nics_of(network: Calibration, *, nics_per_server: int | None = None,
             nic_bandwidth_bps: float | None = None, where: str = "sweep.projection") -> Nics:
     """The servers' NICs from the fields (`where` names them), the rate else typical for the
     calibration's GPUs."""
+    count_field, rate_field = _field(where, "nics_per_server"), _field(where, "nic_bandwidth")
     if nics_per_server is not None and (isinstance(nics_per_server, bool)
                                         or not isinstance(nics_per_server, int)
                                         or nics_per_server < 1):
-        raise CalibrationError(f"{where}.nics_per_server = {nics_per_server!r}: give the NICs "
+        raise CalibrationError(f"{count_field} = {nics_per_server!r}: give the NICs "
                                "in one server, a whole number of 1 or more (e.g. 8)")
     if nic_bandwidth_bps is not None and not (math.isfinite(nic_bandwidth_bps)
                                               and nic_bandwidth_bps > 0):
-        raise CalibrationError(f"{where}.nic_bandwidth = {nic_bandwidth_bps!r}: give one NIC's "
+        raise CalibrationError(f"{rate_field} = {nic_bandwidth_bps!r}: give one NIC's "
                                "line rate, e.g. '400gbit'")
     count = Nics() if nics_per_server is None else Nics(
-        nics_per_server, f"{where}.nics_per_server")
+        nics_per_server, count_field)
     if nic_bandwidth_bps is not None:
         return Nics(count.per_server, count.source, float(nic_bandwidth_bps),
-                    f"{where}.nic_bandwidth")
+                    rate_field)
     typical = typical_nic(network.devices)
     if typical is None:
         return count
     return Nics(count.per_server, count.source, typical.bits_per_s,
-                f"typical for {typical.hardware}; set {where}.nic_bandwidth if yours differ")
+                f"typical for {typical.gpu}: {typical.hardware}; set {rate_field} if yours "
+                "differ")
 
 
 def build(network: Calibration, others: Sequence[Calibration], *,
