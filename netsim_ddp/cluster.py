@@ -265,8 +265,12 @@ class NetworkLevel:
         bulk = curve.sizes[curve.sizes >= ERROR_FROM_BYTES]
         self.reference_size = float(bulk[0] if len(bulk) else curve.sizes[-1])
         plateau = self.calibration.busbw_bytes_per_s
-        self.latency_ref_s = max(0.0, curve(self.reference_size) - bus_factor(
-            "all_reduce", self.calibration.world_size) * self.reference_size / plateau)
+        at_reference = curve(self.reference_size)
+        # Never below the smallest size's time: a bulk protocol's latency is no less than the
+        # smallest message's (on a slow link, 1 MiB's time is all bytes and hides it).
+        self.latency_ref_s = min(at_reference, max(
+            float(curve.smoothed_s[0]), at_reference - bus_factor(
+                "all_reduce", self.calibration.world_size) * self.reference_size / plateau))
 
     @property
     def busbw_bytes_per_s(self) -> float:

@@ -202,7 +202,7 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
     assert any(row["algorithm"] in ("hierarchical", "ring", "tree") for row in rows)
     notes = " ".join(sweep.projection.notes)
     assert "one-server run" in notes and "as measured" in notes
-    assert "servers' GPUs and NVLink" in " ".join(sweep.projection.assumptions())
+    assert "servers' GPUs, NICs and NVLink" in " ".join(sweep.projection.assumptions())
     relative = SweepConfig(nodes=[1, 2, 3, 4], projection={"gpus": [16], "calibration": [
         "calibrations/gloo-3nodes-1gbit.txt", "calibrations/gloo-1node-2ranks.txt"]})
     found = run_sweep(at(ROOT / "scenarios" / "sweep.toml"), relative, runner=fake_runner())
