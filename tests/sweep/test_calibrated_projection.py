@@ -155,6 +155,18 @@ def test_report_reprojects_a_results_file_from_a_calibration(tmp_path):
     assert " tree" in text or " ring" in text or " hier" in text
     assert "2 GPU(s) per server (the one-server run" in text
     assert "Calibration: reduce_scatter on 2 GPUs (1 hosts)" in text  # its per-size table
+    assert "1 NIC(s) per server (default" in text  # every projection says its NICs
+    # The servers' NICs as given on the command line, named as options.
+    nics = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
+                                     "--calibration", str(A3MEGA), "--nics-per-server", "8",
+                                     "--nic-bandwidth", "200gbit"])
+    assert nics.exit_code == 0, nics.output
+    text = (out / "report.md").read_text()
+    assert "8 NIC(s) per server (--nics-per-server)" in text
+    assert "200 Gbit/s each (--nic-bandwidth)" in text
+    alone = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
+                                      "--nics-per-server", "8"])
+    assert alone.exit_code == 2 and "give the calibration too" in alone.stderr
     bad = CliRunner().invoke(main, ["report", str(results), "--out", str(out),
                                     "--calibration", str(ONE_HOST.parent / "separate-jobs.txt")])
     assert bad.exit_code == 2 and "--calibration:" in bad.stderr

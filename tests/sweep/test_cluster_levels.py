@@ -209,9 +209,13 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
     assert found.calibration.network.hosts == 3 and found.calibration.nvlink.measured
     fields = SweepConfig(nodes=[1, 2, 3, 4], projection={
         "gpus": [16, 64], "calibration": str(NETWORK), "gpus_per_server": 8,
-        "nvlink_busbw": "200GB/s", "nvlink_latency": "20us"})
+        "nvlink_busbw": "200GB/s", "nvlink_latency": "20us", "nics_per_server": 8,
+        "nic_bandwidth": "1gbit"})
     cluster = run_sweep(scenario, fields, runner=fake_runner()).calibration
     assert cluster.gpus_per_server == 8
+    assert (cluster.nics.per_server, cluster.nics.bits_per_s) == (8, 1e9)
+    assert cluster.nics.source == "sweep.projection.nics_per_server"
+    assert cluster.nic_scale == 8  # 1-GPU hosts calibrated, 8 NICs in each 8-GPU server
     assert cluster.gpus_source == "sweep.projection.gpus_per_server"
     assert cluster.nvlink.busbw_bytes_per_s == pytest.approx(200e9)
     assert cluster.nvlink.latency_s == pytest.approx(20e-6)
