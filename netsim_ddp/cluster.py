@@ -11,9 +11,10 @@ The levels:
   latency), and a bandwidth part, the rest of the curve's time at each size; where the bus
   bandwidth dips from one size to the next (NCCL switching algorithm or protocol at a size
   that moves with the world size) the best bus bandwidth of a smaller size is kept.
-- the NICs: `nics_per_server` N (default 1) NICs per server, each GPU driving the one nearest
-  it, so min(g, N) carry a server's traffic. The network's bandwidth is what the calibrated
-  hosts' min(g0, N) NICs carried; a server of g GPUs gets min(g, N) / min(g0, N) of it.
+- the NICs: `nics_per_server` N (default 1) NICs per server, each GPU driving the ones nearest
+  it: g GPUs of a G-GPU server drive g x N / G of them (at least 1, at most N). The network's
+  bandwidth is what the calibrated hosts' NICs carried; a server of g GPUs gets its NICs'
+  share of it, g x N/G over g0 x N/G (G the larger of g and g0), not g / g0.
 - NVLink (the intra-node level): g GPUs per server. Their reduce-scatter and all-gather times
   come, in this order, from a one-server nccl-tests run in the calibration files
   (reduce_scatter_perf / all_gather_perf curves; where only all_reduce_perf ran inside the
@@ -26,7 +27,7 @@ The levels:
 A 2-host calibration can mislead (`check_network`): NCCL's default on 2 hosts is a tree that
 moves S through each server's NICs where a ring moves 2(n-1)/n x S, so its bus bandwidth can
 exceed what any ring over those NICs reaches, and overstates what 3 or more hosts get. Where
-the bus bandwidth is above min(g0, N) x the NIC's line rate (`nic_bandwidth`, else typical for
+the bus bandwidth is above its NICs x their line rate (`nic_bandwidth`, else typical for
 the GPU, `TYPICAL_NICS`) it is flagged, with the remedy, and read as the tree it is: the ring's
 bandwidth is the tree's algbw / 0.7 (NCCL's tree efficiency, `calibrate.TREE_EFFICIENCY`).
 
@@ -174,15 +175,18 @@ def typical_nic(devices: Sequence[str]) -> TypicalNic | None:
 @dataclass(frozen=True)
 class Nics:
     """The servers' NICs: how many, and (where known) each one's line rate. Each GPU drives the
-    NIC nearest it (NCCL's default), so min(GPUs in use, NICs) carry a server's traffic."""
+    NICs nearest it (NCCL's default): a server's N NICs are shared among its G GPUs, so g GPUs
+    in use drive g x N / G of them, at least one and at most N."""
 
     per_server: int = 1
     source: str = "default"
     bits_per_s: float | None = None
     rate_source: str = ""
 
-    def carrying(self, gpus: int) -> int:
-        return max(1, min(gpus, self.per_server))
+    def carrying(self, gpus: int, server_gpus: int) -> float:
+        """The NICs `gpus` GPUs of a `server_gpus`-GPU server drive."""
+        return min(float(self.per_server),
+                   max(1.0, gpus * self.per_server / max(gpus, server_gpus)))
 
     def as_dict(self) -> dict[str, Any]:
         return {"per_server": self.per_server, "source": self.source,
@@ -199,12 +203,14 @@ class NetworkCheck:
     notes: tuple[str, ...] = ()
 
 
-def check_network(network: Calibration, nics: Nics) -> NetworkCheck:
-    """A multi-host all_reduce against what a ring over its NICs can reach: min(g0, N) NICs per
-    server at their line rate carry at most that bus bandwidth. On 2 hosts NCCL's default tree
-    moves S per server where a ring moves 2(n-1)/n x S, so a bus bandwidth above that is the
-    tree's: flagged, and its ring read as algbw / TREE_EFFICIENCY. Unless nics_per_server is
-    given, the bound is one NIC per GPU (a GPU's PCIe link feeds one NIC at most)."""
+def check_network(network: Calibration, nics: Nics,
+                  server_gpus: int | None = None) -> NetworkCheck:
+    """A multi-host all_reduce against what a ring over its NICs can reach: the NICs its g0
+    GPUs per host drive (`Nics.carrying`; `server_gpus` GPUs in a server, default g0), at their
+    line rate, carry at most that bus bandwidth. On 2 hosts NCCL's default tree moves S per
+    server where a ring moves 2(n-1)/n x S, so a bus bandwidth above that is the tree's:
+    flagged, and its ring read as algbw / TREE_EFFICIENCY. Unless nics_per_server is given, the
+    bound is one NIC per GPU at the typical rate (what H100 servers have)."""
     n0, h0, g0 = network.world_size, network.hosts, network.gpus_per_host
     if h0 < 2 or network.collective != "all_reduce":
         return NetworkCheck()
@@ -221,14 +227,15 @@ def check_network(network: Calibration, nics: Nics) -> NetworkCheck:
             "avoids it",))
     nic = nics.bits_per_s / 8
     given = nics.source != "default"
-    carrying = nics.carrying(g0) if given else g0
+    in_use = nics.carrying(g0, server_gpus or g0)
+    carrying = in_use if given else g0
     ceiling = carrying * nic
     typical = " typical" if nics.rate_source.startswith("typical") else ""
     rate = f"{nics.bits_per_s / 1e9:g} Gbit/s"
     if tree_possible and busbw > ceiling:
         scale = bus_factor("all_reduce", n0) * TREE_EFFICIENCY
-        bound = (f"{carrying} NIC(s) x {rate}{typical}" if given
-                 else f"{carrying} x {rate}{typical}, one NIC per GPU at most")
+        bound = (f"{carrying:g} NIC(s) x {rate}{typical}" if given
+                 else f"{carrying:g} x {rate}{typical}, one NIC per GPU")
         flag = (f"FLAG {network.label}: its bus bandwidth on 2 hosts, {busbw / 1e9:.1f} GB/s, "
                 f"is above what a ring over its NICs can reach ({bound}: "
                 f"{ceiling / 1e9:.0f} GB/s): NCCL's tree (or NVLS tree) at work, which moves S "
@@ -239,10 +246,10 @@ def check_network(network: Calibration, nics: Nics) -> NetworkCheck:
                 "NCCL_ALGO=Ring), or calibrate on 4 or more hosts")
         return NetworkCheck(tree=True, ring_scale=scale, flags=(flag,))
     notes = []
-    if busbw > nics.carrying(g0) * nic:
+    if busbw > in_use * nic:
         notes.append(
             f"{network.label}: its bus bandwidth, {busbw / 1e9:.1f} GB/s, needs more than "
-            f"{nics.carrying(g0)} NIC(s) per server at {rate}{typical}: nics_per_server = "
+            f"{in_use:g} NIC(s) per server at {rate}{typical}: nics_per_server = "
             f"{nics.per_server} ({nics.source}) under-counts the servers' NICs; set it (H100 "
             "servers usually have one per GPU)"
             + ("; if it is right, NCCL ran its 2-host tree (rerun with NCCL_ALGO=Ring or on 4+ "
@@ -327,9 +334,9 @@ class Cluster:
     @property
     def nic_scale(self) -> float:
         """The projected servers' network bandwidth over the calibrated hosts': the NICs that
-        carry the traffic, min(g, N) / min(g0, N)."""
-        return (self.nics.carrying(self.gpus_per_server)
-                / self.nics.carrying(self.network.gpus_per_host))
+        carry the traffic (`Nics.carrying`), the server's GPUs the larger of g and g0."""
+        g, g0 = self.gpus_per_server, self.network.gpus_per_host
+        return self.nics.carrying(g, max(g, g0)) / self.nics.carrying(g0, max(g, g0))
 
     @property
     def flags(self) -> list[str]:
@@ -347,8 +354,8 @@ class Cluster:
         source = ("default: set nics_per_server, H100 servers usually have one per GPU"
                   if nics.source == "default" else nics.source)
         carried = (f"{nics.per_server} NIC(s) per server ({source}); carrying the traffic: "
-                   f"{nics.carrying(g0)} on each calibrated host ({g0} GPUs), "
-                   f"{nics.carrying(g)} on each projected server ({g} GPUs)")
+                   f"{nics.carrying(g0, max(g, g0)):g} on each calibrated host ({g0} GPUs), "
+                   f"{nics.carrying(g, max(g, g0)):g} on each projected server ({g} GPUs)")
         if self.nic_scale != 1:
             carried += f": the network's bandwidth x {self.nic_scale:g}"
         if nics.bits_per_s is not None:
@@ -412,7 +419,7 @@ def build(network: Calibration, others: Sequence[Calibration], *,
     runs give NVLink) and the [sweep.projection] fields (`where` names them in errors)."""
     nics = nics_of(network, nics_per_server=nics_per_server,
                    nic_bandwidth_bps=nic_bandwidth_bps, where=where)
-    check = check_network(network, nics)
+    check = check_network(network, nics, max(network.gpus_per_host, gpus_per_server or 0))
     intra = [c for c in others if c.hosts == 1 and c.collective in CALIBRATABLE_INTRA]
     notes = [f"{c.label}: not used (" + (
                  f"the network is the largest all_reduce calibrated, {network.world_size} GPUs"

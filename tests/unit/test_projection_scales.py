@@ -121,12 +121,16 @@ def test_the_network_scales_by_the_nics_that_carry_it_not_by_the_gpus():
     size = 2**30
     slow, fast = network_seconds(one_nic, 64, size), network_seconds(eight, 64, size)
     assert 7.5 < slow / fast < 8.0  # the bytes 8x faster, the latency the same
-    # Calibrated on 4 of the 8 GPUs (4 NICs in use): a full server has twice the NICs.
+    # Calibrated on 4 of the 8 GPUs (4 NICs in use): a full server has twice the NICs; so
+    # with 4 NICs (the 4 GPUs drove 2), and with 32 (4 per GPU, as AWS p5's EFA: 16 of 32).
     half = synthetic(8, 2)
-    assert build(half, [], gpus_per_server=8, nics_per_server=8).nic_scale == 2
-    # ... unless the server has only 4 NICs: then GPUs add nothing to the network.
-    assert build(half, [], gpus_per_server=8, nics_per_server=4).nic_scale == 1
+    for count in (8, 4, 32):
+        assert build(half, [], gpus_per_server=8, nics_per_server=count).nic_scale == 2
     assert build(half, [], gpus_per_server=2, nics_per_server=8).nic_scale == 0.5
+    # One NIC per server: however many GPUs, the same NIC (the old behaviour).
+    assert build(half, [], gpus_per_server=8).nic_scale == 1
+    # 1-GPU hosts, 2 NICs per 8-GPU server: that GPU drove one of them; a server drives 2.
+    assert build(one_gpu, [], gpus_per_server=8, nics_per_server=2).nic_scale == 2
     # Every projection's description says which it used.
     lines = " ".join(eight.describe())
     assert "8 NIC(s) per server (sweep.projection.nics_per_server)" in lines
