@@ -114,10 +114,18 @@ def _may_build_networks(config: pytest.Config) -> bool:
         from _pytest.mark.expression import Expression
 
         expression = Expression.compile(markexpr)
-        return any(expression.evaluate(lambda name, **_: name in marks)
-                   for marks in ({"netns"}, {"netns", "ddp"}))
+        return any(expression.evaluate(_marked(marks)) for marks in ({"netns"}, {"netns", "ddp"}))
     except Exception:  # pytest's private API moved: assume the session may need it
         return True
+
+
+def _marked(marks: set[str]) -> Callable[..., bool]:
+    """A -m expression's matcher for an item that carries `marks`."""
+
+    def matcher(name: str, /, **_: object) -> bool:
+        return name in marks
+
+    return matcher
 
 
 def pytest_configure(config: pytest.Config) -> None:
