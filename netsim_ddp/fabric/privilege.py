@@ -40,6 +40,7 @@ _SETTINGS = {  # sysctl: (value that forbids unprivileged user namespaces, what 
         "1", "AppArmor's restriction: set it to 0, or give this Python an AppArmor profile "
              "that allows userns"),
 }
+_PROC_SYS = Path("/proc/sys")
 _mode: str | None = None
 _refused: str | None = None  # the host's answer to a single-threaded try: it will not change
 
@@ -173,7 +174,7 @@ def _blocking_settings() -> list[tuple[str, str, str]]:
     found = []
     for name, (forbidding, fix) in _SETTINGS.items():
         try:
-            value = Path("/proc/sys", *name.split(".")).read_text().strip()
+            value = _PROC_SYS.joinpath(*name.split(".")).read_text().strip()
         except OSError:  # this kernel has no such setting
             continue
         if value == forbidding:
@@ -190,12 +191,15 @@ def _threads_reason(threads: list[str]) -> str:
         whose.append(f"{len(python)} started from Python ({', '.join(python)})")
     if native > 0:
         whose.append(f"{native} started by C libraries"
-                     + (f" ({', '.join(loaded)} imported: numpy's OpenBLAS and torch start "
-                        "thread pools at import)" if loaded else ""))
+                     + (f" (imported: {', '.join(loaded)}; numpy's OpenBLAS, torch and OpenMP "
+                        "start thread pools at import)" if loaded else ""))
+    blocking = [f"{name} = {value} ({fix})" for name, value, fix in _blocking_settings()]
+    host = (f"this host forbids them too: {'; '.join(blocking)}" if blocking
+            else "none of this host's settings forbids them")
     return (f"not root, and this process had {len(threads)} threads when it had to enter its "
             f"user namespace: {'; '.join(whose) or 'gone since'}. The kernel refuses a user "
-            "namespace to a process with more than one thread (unshare: EINVAL); the host "
-            "allows them. Enter before anything starts a thread: call "
+            f"namespace to a process with more than one thread (unshare: EINVAL); {host}. "
+            "Enter before anything starts a thread: call "
             "netsim_ddp.fabric.ensure_network_privilege(restart=True) first thing in your "
             "script (if threads run already, it starts the script again inside the namespace), "
             "or run as root")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric import netns, privilege
 from netsim_ddp.fabric.delayline import DelayLineBuildError, build_binary
 from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
 
@@ -22,7 +21,7 @@ def forwarder_binary():
 
 @pytest.fixture(scope="session")
 def as_root() -> None:
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         pytest.skip("the delay line tests create namespaces and AF_PACKET sockets: run as root")
 
 

@@ -29,7 +29,7 @@ def test_a_threaded_script_is_told_the_cause_and_the_fix(unprivileged):
     found = re.match(r"netsim_ddp\.fabric\.privilege\.PrivilegeError: not root, and this "
                      r"process had (\d+) threads", message)
     assert found and int(found[1]) > 1, message
-    assert "numpy imported" in message and "EINVAL" in message
+    assert "imported: numpy" in message and "EINVAL" in message
     assert "ensure_network_privilege(restart=True)" in message
     assert "max_user_namespaces" not in message  # the host's settings are not the cause
 
