@@ -106,17 +106,20 @@ def _adopt_inherited() -> bool:
     program) left in the environment; False if it left nothing that is ours."""
     global _mode, _refused
     kind, _, fields = os.environ.get(userns.ENV, "").partition(":")
-    if kind == "ok":
-        uid, _, inode = (int(field) for field in fields.split(":"))
-        if inode == userns.user_namespace_inode():  # its children inherit it, and use it too
-            _private_names(uid)
-            _mode = "rootless"
-            return True
-    elif kind == "error":
-        step, code, pid = fields.split(":")
-        if int(pid) == os.getpid():  # the exec that started this program was refused
-            del os.environ[userns.ENV]
-            _refused = refusal(step, int(code), threads=["(a fresh start)"])
+    try:
+        if kind == "ok":
+            uid, _, inode = (int(field) for field in fields.split(":"))
+            if inode == userns.user_namespace_inode():  # its children inherit it, and use it
+                _private_names(uid)
+                _mode = "rootless"
+                return True
+        elif kind == "error":
+            step, code, pid = fields.split(":")
+            if int(pid) == os.getpid():  # the exec that started this program was refused
+                del os.environ[userns.ENV]
+                _refused = refusal(step, int(code), threads=["(a fresh start)"])
+    except ValueError:  # not written by userns.py: not ours
+        pass
     return False
 
 

@@ -108,6 +108,10 @@ def test_a_marker_of_another_namespace_or_process_is_not_adopted(fresh, monkeypa
     monkeypatch.setattr(privilege, "_mode", None)
     monkeypatch.setenv(userns.ENV, f"error:unshare:{errno.EPERM}:{os.getpid() + 1}")
     assert privilege.ensure_network_privilege() == "root"
+    for garbage in ("ok:1000", "ok:a:b:c", "error:unshare:x:1", "whatever"):
+        monkeypatch.setattr(privilege, "_mode", None)
+        monkeypatch.setenv(userns.ENV, garbage)
+        assert privilege.ensure_network_privilege() == "root"
 
 
 def test_kernel_threads_counts_what_python_cannot_see():
