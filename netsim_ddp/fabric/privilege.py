@@ -50,7 +50,8 @@ class PrivilegeError(RuntimeError):
 
 
 def mode() -> str | None:
-    """'root', 'rootless', or None before this process has entered (or is known to be root)."""
+    """'root', 'rootless', or None until `prepare` has decided (a process that was started
+    inside its user namespace knows at once)."""
     if _mode is None:
         _adopt_inherited()
     return _mode
