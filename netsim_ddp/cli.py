@@ -140,10 +140,21 @@ def _session_options(*names: str):
 _gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
 
 
+# The commands that build namespaces. Without root, the process enters its user namespace
+# before such a command starts, while it has one thread (or is started again inside it: see
+# fabric/privilege.py); a refusal is reported where the command needs the network.
+NETWORK_COMMANDS = frozenset({"check", "plan", "probe", "run"})
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="netsim-ddp")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Emulate a cluster network on this host and test DDP training on it."""
+    if ctx.invoked_subcommand in NETWORK_COMMANDS:
+        from .fabric.privilege import prepare
+
+        prepare(restart=True)
 
 
 @main.command()
@@ -155,7 +166,7 @@ def check(json_out: str | None) -> None:
 
     from .fabric.capabilities import probe_capabilities, torch_status
 
-    caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
+    caps = probe_capabilities()
     torch_info = torch_status()
     gpus = probe_gpus()
     table = Table(title="netsim-ddp check", show_header=True)
@@ -769,8 +780,14 @@ def clean(dry_run: bool) -> None:
 
 def _clean_nics(dry_run: bool) -> int:
     """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded."""
-    from .fabric.nic import restore_stale_nics
+    from .fabric.nic import recorded_nics, restore_stale_nics
+    from .fabric.privilege import host_root
 
+    if not host_root():  # agents that shape NICs run as root: their state files are root's
+        if recorded := recorded_nics():
+            out.print(f"root's `host` agents recorded {len(recorded)} NICs: only root can tell "
+                      "whether an agent was killed and restore its NIC (`sudo netsim-ddp clean`)")
+        return 0
     found = restore_stale_nics(dry_run=dry_run)
     for nic in found:
         where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"

@@ -50,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(option.pytest_flag, dest=option.pytest_dest, help=text, **extra)
     parser.addini("netsim_scenario_dirs", type="args", default=["scenarios"],
                   help="folders whose *.toml files are scenarios (default: scenarios)")
+    parser.addini("netsim_rootless", type="bool", default=True,
+                  help="without root, move a session that may select netns tests into a user "
+                       "namespace at its start (default: true)")
 
 
 def _positive_int(text: str) -> int:
@@ -69,7 +72,64 @@ TIER_MARKERS = {
 FIXTURE_TIERS = {"fabric": ("netns",), "make_fabric": ("netns",), "netsim_run": ("netns", "ddp")}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    _enter_rootless(early_config)  # before conftests and test modules import numpy or torch
+
+
+def _enter_rootless(config: pytest.Config) -> None:
+    """Without root, the session enters its user namespace now, before anything starts a
+    thread, or is started again inside it (fabric/privilege.py): later, a test module's numpy
+    would have made that impossible. Only where the session may build a network."""
+    from netsim_ddp.fabric.userns import ENV
+
+    if os.geteuid() == 0 and ENV not in os.environ:
+        return  # root (the common case): nothing to enter, nothing to import
+    from netsim_ddp.fabric import privilege
+
+    if privilege.mode() is not None or not _may_build_networks(config):
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # a restarted session must write to the real stdout and stderr
+        capture.suspend_global_capture(in_=True)
+    try:
+        privilege.prepare(restart=True)  # a refusal is reported by the tests that need it
+    finally:
+        if capture is not None:
+            capture.resume_global_capture()
+
+
+def _may_build_networks(config: pytest.Config) -> bool:
+    """False for sessions that cannot run a netns test: --help, --collect-only, a -m that
+    deselects the tier (the unit tier), or `netsim_rootless = false`."""
+    options = config.known_args_namespace
+    if any(getattr(options, name, False) for name in ("help", "version", "collectonly")):
+        return False
+    if not config.getini("netsim_rootless"):
+        return False
+    markexpr = getattr(options, "markexpr", "")
+    if not markexpr:
+        return True
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+        return any(expression.evaluate(_marked(marks)) for marks in ({"netns"}, {"netns", "ddp"}))
+    except Exception:  # pytest's private API moved: assume the session may need it
+        return True
+
+
+def _marked(marks: set[str]) -> Callable[..., bool]:
+    """A -m expression's matcher for an item that carries `marks`."""
+
+    def matcher(name: str, /, **_: object) -> bool:
+        return name in marks
+
+    return matcher
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _enter_rootless(config)  # a plugin registered too late for pytest_load_initial_conftests
     config.addinivalue_line("markers", "netsim: a netsim-ddp scenario run")
     registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
     for name, description in TIER_MARKERS.items():

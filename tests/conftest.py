@@ -40,6 +40,16 @@ def needs_fabric(capabilities, lacks_fabric):
     return capabilities
 
 
+@pytest.fixture(scope="session")
+def unprivileged():
+    """Commands run as an unprivileged user (`nobody`) with a venv it can run: see
+    tests/unprivileged.py. Skips, saying why, where this session cannot drop to such a user."""
+    from unprivileged import unprivileged_user
+
+    with unprivileged_user() as user:
+        yield user
+
+
 # tier_guard: a unit-tier test that builds a namespace or trains fails, naming its marker.
 pytest_plugins = ["pytester", "tier_guard"]
 

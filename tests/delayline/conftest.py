@@ -3,12 +3,11 @@ they cannot run: a skip, or a failure under NETSIM_DDP_REQUIRE_FABRIC, tests/con
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric import netns, privilege
 from netsim_ddp.fabric.delayline import DelayLineBuildError, build_binary
 from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
 
@@ -23,7 +22,7 @@ def forwarder_binary(lacks_fabric):
 
 @pytest.fixture(scope="session")
 def as_root(lacks_fabric) -> None:
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         lacks_fabric("the delay line tests create namespaces and AF_PACKET sockets: run as root")
 
 
