@@ -34,7 +34,7 @@ def main() -> None:
         document = load_document(args.from_json)
         json_path = Path(args.from_json)
     else:
-        ensure_network_privilege()
+        ensure_network_privilege(restart=True)  # rootless: before it does anything
         scenario = Scenario.load(args.scenario)
         config = scenario.sweep
         started = time.monotonic()

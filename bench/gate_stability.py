@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
-    ensure_network_privilege()
+    ensure_network_privilege(restart=True)  # rootless: before it does anything
     console = Console()
     scenario = Scenario.load(args.scenario)
     tolerances = [Tolerance.parse(text) for text in TOLERANCES]

@@ -4,8 +4,10 @@ Both launch the same spec (2 nodes x 1 rank on loopback, a tiny model, one mode)
 `launch`, rounds interleaved so both see the same machine; the torchrun side is the same launch
 with `agent_module` answering torchrun itself (what NCCL runs get). Prints, per side, the
 median time from launch to the first result file (start-up: agent, imports, rendezvous, DDP
-wrapper) and from there to the launch's return (the agents' exit), and their ratios. Target:
-the forked launch, start to return, in at most 0.75 x torchrun's time.
+wrapper), from there to the launch's return (the agents' exit), and of whole launches, start to
+return, and their ratios. Target: the forked side's median whole launch in at most 0.75 x
+torchrun's (the median of whole launches, not the sum of the two parts' medians, which need not
+be any launch's time).
 
     python bench/launch_startup.py [--rounds 5] [--json OUT]
 """
@@ -54,6 +56,13 @@ def one_launch(forked: bool) -> tuple[float, float]:
     return result - start, end - result
 
 
+def medians(runs: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(median to first result, median from it to return, median whole launch)."""
+    return (statistics.median(ready for ready, _ in runs),
+            statistics.median(tail for _, tail in runs),
+            statistics.median(ready + tail for ready, tail in runs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -65,21 +74,20 @@ def main() -> None:
         console.print(f"  round {round_index + 1} of {args.rounds}", highlight=False)
         for side in samples:
             samples[side].append(one_launch(side == "forked"))
-    medians = {side: (statistics.median(s[0] for s in runs), statistics.median(s[1] for s in runs))
-               for side, runs in samples.items()}
+    summary = {side: medians(runs) for side, runs in samples.items()}
     table = Table(title=f"2 nodes x 1 gloo rank on loopback, {args.rounds} rounds (medians)")
-    for column in ("launch", "to first result", "result to return", "in all"):
+    for column in ("launch", "to first result", "result to return", "whole launch"):
         table.add_column(column, justify="right")
-    for side, (ready, tail) in medians.items():
-        table.add_row(side, f"{ready:.2f} s", f"{tail:.2f} s", f"{ready + tail:.2f} s")
-    (f_ready, f_tail), (t_ready, t_tail) = medians["forked"], medians["torchrun"]
-    table.add_row("forked / torchrun", f"{f_ready / t_ready:.2f} x", f"{f_tail / t_tail:.2f} x",
-                  f"{(f_ready + f_tail) / (t_ready + t_tail):.2f} x")
+    for side, values in summary.items():
+        table.add_row(side, *(f"{value:.2f} s" for value in values))
+    ratios = [f / t for f, t in zip(summary["forked"], summary["torchrun"], strict=True)]
+    table.add_row("forked / torchrun", *(f"{ratio:.2f} x" for ratio in ratios))
     console.print(table)
-    met = (f_ready + f_tail) / (t_ready + t_tail) <= 0.75
-    console.print(f"target (in all <= 0.75 x torchrun's): {'met' if met else 'MISSED'}")
+    met = ratios[2] <= 0.75
+    console.print(f"target (whole launch <= 0.75 x torchrun's): {'met' if met else 'MISSED'}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"rounds": args.rounds, "samples": samples,
+                                                   "whole_launch_ratio": ratios[2],
                                                    "target_met": met}, indent=1))
     sys.exit(0 if met else 1)
 

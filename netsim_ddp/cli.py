@@ -70,6 +70,32 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+class RateParam(click.ParamType):
+    """A link rate with its unit ('400gbit', '50GB/s'), in bits per second, > 0."""
+
+    name = "rate"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        from netsim_ddp.scenario.units import parse_rate
+
+        try:
+            rate = parse_rate(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if rate <= 0:
+            self.fail(f"{value!r} must be greater than 0", param, ctx)
+        return rate
+
+
+NICS_HELP = ("NICs in one server of the calibrated cluster (default 1; H100 servers usually "
+             "have one per GPU): min(GPUs, NICs) carry a server's traffic.")
+NIC_RATE_HELP = ("One NIC's line rate, e.g. 400gbit (default: typical for the calibration's "
+                 "GPUs): a 2-host bus bandwidth above what a ring over the NICs reaches is "
+                 "NCCL's tree, flagged.")
+
+
 def _human(json_out: str | None) -> Console:
     """Where tables go: stderr when stdout carries the JSON, so `--json -` stays parseable."""
     return err if json_out == "-" else out
@@ -114,10 +140,21 @@ def _session_options(*names: str):
 _gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
 
 
+# The commands that build namespaces. Without root, the process enters its user namespace
+# before such a command starts, while it has one thread (or is started again inside it: see
+# fabric/privilege.py); a refusal is reported where the command needs the network.
+NETWORK_COMMANDS = frozenset({"check", "plan", "probe", "run"})
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="netsim-ddp")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Emulate a cluster network on this host and test DDP training on it."""
+    if ctx.invoked_subcommand in NETWORK_COMMANDS:
+        from .fabric.privilege import prepare
+
+        prepare(restart=True)
 
 
 @main.command()
@@ -129,7 +166,7 @@ def check(json_out: str | None) -> None:
 
     from .fabric.capabilities import probe_capabilities, torch_status
 
-    caps = probe_capabilities()  # first: a rootless run must unshare before any thread starts
+    caps = probe_capabilities()
     torch_info = torch_status()
     gpus = probe_gpus()
     table = Table(title="netsim-ddp check", show_header=True)
@@ -588,11 +625,15 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
               help="nccl-tests output of the target cluster (repeat for a one-server run): "
                    "project each sweep again from it.")
+@click.option("--nics-per-server", type=click.IntRange(min=1), default=None, help=NICS_HELP)
+@click.option("--nic-bandwidth", "nic_bandwidth", type=RateParam(), default=None,
+              help=NIC_RATE_HELP)
 @click.option("--history", "history_paths", multiple=True, type=click.Path(exists=True),
               metavar="PATH", help="Earlier results files (or folders of them): add each "
                                    "metric's history, its change points and verdict "
                                    "(repeatable; RESULTS is the newest run).")
 def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
+                   nics_per_server: int | None, nic_bandwidth: float | None,
                    history_paths: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
     from netsim_ddp.measure.document import DocumentError
@@ -613,7 +654,11 @@ def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
         judged = judge_history(runs)
         judged.notes[:0] = notes
     try:
-        path = report(results, out_dir, calibration=list(calibration) or None, history=judged)
+        if not calibration and (nics_per_server is not None or nic_bandwidth is not None):
+            _fail("--nics-per-server/--nic-bandwidth describe a --calibration's servers: give "
+                  "the calibration too", EXIT_BAD_INPUT)
+        path = report(results, out_dir, calibration=list(calibration) or None, history=judged,
+                      nics_per_server=nics_per_server, nic_bandwidth_bps=nic_bandwidth)
     except (CalibrationError, NcclParseError) as exc:
         _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
     except DocumentError as exc:
@@ -719,15 +764,21 @@ def export(results: str, kind: str, out_file: str) -> None:
               help="Also write the calibration as JSON ('-': stdout).")
 @click.option("--collective", type=click.Choice(["all_reduce", "reduce_scatter", "all_gather"]),
               help="For output that does not say which test ran.")
-def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None) -> None:
+@click.option("--nics-per-server", type=click.IntRange(min=1), default=None, help=NICS_HELP)
+@click.option("--nic-bandwidth", "nic_bandwidth", type=RateParam(), default=None,
+              help=NIC_RATE_HELP)
+def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None,
+              nics_per_server: int | None, nic_bandwidth: float | None) -> None:
     """Fit collective time against message size to nccl-tests output (as printed or pasted,
-    or its -J JSON); print per size the measured and modelled time and the error."""
+    or its -J JSON); print per size the measured and modelled time, the error in sample and
+    held out, and whether a multi-host all_reduce can be extrapolated to more hosts."""
     from netsim_ddp.projection.calibrate import (
         ERROR_FROM_BYTES,
         CalibrationError,
         load,
         projection_use,
     )
+    from netsim_ddp.projection.cluster import check_network, nics_of
     from netsim_ddp.projection.nccl_tests import CALIBRATABLE, NcclParseError
 
     try:
@@ -740,25 +791,43 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         document = calibration.as_dict()
         documents.append(document)
         table = Table(title=calibration.label, title_justify="left")
-        for column in ("size", "measured us", "modelled us", "error", "held-out error"):
+        for column in ("size", "measured us", "modelled us", "in-sample error",
+                       "held-out error"):
             table.add_column(column, justify="right", no_wrap=True)
         for row in document["sizes"]:
             table.add_row(format_size(row["size"]), f"{row['measured_s'] * 1e6:.1f}",
                           f"{row['modelled_s'] * 1e6:.1f}", f"{row['error']:+.1%}",
                           "-" if row["held_out_error"] is None
                           else f"{row['held_out_error']:+.1%}")
-        table.caption = ("modelled: isotonic + PCHIP through log time vs log size; held-out: "
-                         "the curve fitted without that size, predicting it")
+        table.caption = ("modelled: isotonic + PCHIP through log time vs log size. In sample: "
+                         "the curve through every size, ~0 by construction; held out: the "
+                         "curve fitted without that size, predicting it (the honest one)")
         human.print(table)
         line = document["alpha_beta_line"]
         worst, held = (document["max_abs_error_from_1MiB"],
                        document["max_abs_held_out_error_from_1MiB"])
         if worst is not None:
-            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |error| {worst:.1%}"
-                        + (f", held out {held:.1%}" if held is not None else ""))
+            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |held-out error| "
+                        + (f"{held:.1%}" if held is not None else "- (too few sizes)")
+                        + f" (in sample {worst:.1%})")
         human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
                     f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
                     f"to {line['max_abs_error']:.0%}")
+        if calibration.hosts > 1 and calibration.collective == "all_reduce":
+            try:
+                nics = nics_of(calibration, nics_per_server=nics_per_server,
+                               nic_bandwidth_bps=nic_bandwidth, where="--calibration")
+            except CalibrationError as exc:
+                _fail(str(exc), EXIT_BAD_INPUT)
+            check = check_network(calibration, nics)
+            document["network_check"] = {"nics": nics.as_dict(), "tree": check.tree,
+                                         "ring_scale": check.ring_scale,
+                                         "flags": list(check.flags),
+                                         "notes": list(check.notes)}
+            for flag in check.flags:
+                human.print(f"[bold red]{escape(flag)}[/]")
+            for note in check.notes:
+                human.print(f"[yellow]note: {escape(note)}[/]")
         human.print(f"[yellow]{escape(projection_use(calibration, CALIBRATABLE))}[/]")
     _write_json(json_out, {"calibrations": documents})
 
@@ -791,8 +860,14 @@ def clean(dry_run: bool) -> None:
 
 def _clean_nics(dry_run: bool) -> int:
     """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded."""
-    from .fabric.nic import restore_stale_nics
+    from .fabric.nic import recorded_nics, restore_stale_nics
+    from .fabric.privilege import host_root
 
+    if not host_root():  # agents that shape NICs run as root: their state files are root's
+        if recorded := recorded_nics():
+            out.print(f"root's `host` agents recorded {len(recorded)} NICs: only root can tell "
+                      "whether an agent was killed and restore its NIC (`sudo netsim-ddp clean`)")
+        return 0
     found = restore_stale_nics(dry_run=dry_run)
     for nic in found:
         where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"

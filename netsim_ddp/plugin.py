@@ -11,6 +11,7 @@ Hooks stay thin; the work lives in the library (runner, gate, baseline, report).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(option.pytest_flag, dest=option.pytest_dest, help=text, **extra)
     parser.addini("netsim_scenario_dirs", type="args", default=["scenarios"],
                   help="folders whose *.toml files are scenarios (default: scenarios)")
+    parser.addini("netsim_rootless", type="bool", default=True,
+                  help="without root, move a session that may select netns tests into a user "
+                       "namespace at its start (default: true)")
 
 
 def _positive_int(text: str) -> int:
@@ -68,7 +72,64 @@ TIER_MARKERS = {
 FIXTURE_TIERS = {"fabric": ("netns",), "make_fabric": ("netns",), "netsim_run": ("netns", "ddp")}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    _enter_rootless(early_config)  # before conftests and test modules import numpy or torch
+
+
+def _enter_rootless(config: pytest.Config) -> None:
+    """Without root, the session enters its user namespace now, before anything starts a
+    thread, or is started again inside it (fabric/privilege.py): later, a test module's numpy
+    would have made that impossible. Only where the session may build a network."""
+    from netsim_ddp.fabric.userns import ENV
+
+    if os.geteuid() == 0 and ENV not in os.environ:
+        return  # root (the common case): nothing to enter, nothing to import
+    from netsim_ddp.fabric import privilege
+
+    if privilege.mode() is not None or not _may_build_networks(config):
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # a restarted session must write to the real stdout and stderr
+        capture.suspend_global_capture(in_=True)
+    try:
+        privilege.prepare(restart=True)  # a refusal is reported by the tests that need it
+    finally:
+        if capture is not None:
+            capture.resume_global_capture()
+
+
+def _may_build_networks(config: pytest.Config) -> bool:
+    """False for sessions that cannot run a netns test: --help, --collect-only, a -m that
+    deselects the tier (the unit tier), or `netsim_rootless = false`."""
+    options = config.known_args_namespace
+    if any(getattr(options, name, False) for name in ("help", "version", "collectonly")):
+        return False
+    if not config.getini("netsim_rootless"):
+        return False
+    markexpr = getattr(options, "markexpr", "")
+    if not markexpr:
+        return True
+    try:
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(markexpr)
+        return any(expression.evaluate(_marked(marks)) for marks in ({"netns"}, {"netns", "ddp"}))
+    except Exception:  # pytest's private API moved: assume the session may need it
+        return True
+
+
+def _marked(marks: set[str]) -> Callable[..., bool]:
+    """A -m expression's matcher for an item that carries `marks`."""
+
+    def matcher(name: str, /, **_: object) -> bool:
+        return name in marks
+
+    return matcher
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _enter_rootless(config)  # a plugin registered too late for pytest_load_initial_conftests
     config.addinivalue_line("markers", "netsim: a netsim-ddp scenario run")
     registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
     for name, description in TIER_MARKERS.items():
@@ -181,13 +242,21 @@ def _as_scenario(source: Scenario | str | Path | dict[str, Any]) -> Scenario:
     return Scenario.load(source)
 
 
+# Set (to anything but "" or "0") on a host known to build every network, as a CI machine is:
+# a fixture that cannot build one then fails instead of skipping, so a broken capability probe
+# cannot turn a suite green by skipping it.
+REQUIRE_FABRIC_ENV = "NETSIM_DDP_REQUIRE_FABRIC"
+
+
 def _skip_unless_buildable() -> None:
     from .fabric.capabilities import probe_capabilities
 
     capabilities = probe_capabilities()
     if not capabilities.can_build:
-        pytest.skip(f"this host cannot build an emulated network: "
-                    f"{capabilities.error or capabilities}")
+        reason = f"this host cannot build an emulated network: {capabilities.error or capabilities}"
+        if os.environ.get(REQUIRE_FABRIC_ENV, "") not in ("", "0"):
+            pytest.fail(f"{REQUIRE_FABRIC_ENV} is set, but {reason}", pytrace=False)
+        pytest.skip(reason)
 
 
 @pytest.fixture

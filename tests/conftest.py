@@ -1,7 +1,26 @@
+import os
 import subprocess
 import sys
 
 import pytest
+
+# Set (to anything but "" or "0") where the host is known to build everything, as `.ci/run`
+# does: there a test that needs the emulated network fails instead of skipping when it cannot
+# be built, so a regression in the capability probe cannot skip the netns and ddp tiers green.
+REQUIRE_FABRIC = "NETSIM_DDP_REQUIRE_FABRIC"
+
+
+@pytest.fixture(scope="session")
+def lacks_fabric():
+    """lacks_fabric(reason): this host cannot give a test the network it needs; a skip, saying
+    why, or a failure under NETSIM_DDP_REQUIRE_FABRIC."""
+
+    def lacks(reason: str):
+        if os.environ.get(REQUIRE_FABRIC, "") not in ("", "0"):
+            pytest.fail(f"{REQUIRE_FABRIC} is set, but {reason}", pytrace=False)
+        pytest.skip(reason)
+
+    return lacks
 
 
 @pytest.fixture(scope="session")
@@ -12,10 +31,23 @@ def capabilities():
 
 
 @pytest.fixture
-def needs_fabric(capabilities):
+def needs_fabric(capabilities, lacks_fabric):
     if not capabilities.can_build:
-        pytest.skip(f"this host cannot build namespaces and shaped veths: {capabilities.error}")
+        missing = [name for name in ("namespaces", "veth", "bridge", "tbf")
+                   if not getattr(capabilities, name)]
+        lacks_fabric("this host cannot build namespaces and shaped veths: "
+                     f"{capabilities.error or 'the probe found no ' + ', '.join(missing)}")
     return capabilities
+
+
+@pytest.fixture(scope="session")
+def unprivileged():
+    """Commands run as an unprivileged user (`nobody`) with a venv it can run: see
+    tests/unprivileged.py. Skips, saying why, where this session cannot drop to such a user."""
+    from unprivileged import unprivileged_user
+
+    with unprivileged_user() as user:
+        yield user
 
 
 # tier_guard: a unit-tier test that builds a namespace or trains fails, naming its marker.

@@ -48,7 +48,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS, TC_H_ROOT
 
 from netsim_ddp.scenario.spec import EffectiveLink
 
-from . import naming, netns
+from . import naming, netns, privilege
 from .errors import FabricError
 from .plan import QdiscPlan, netem, tbf
 
@@ -241,6 +241,14 @@ def check_nic(info: NicInfo) -> list[str]:
                 "that way (ssh, storage, monitoring) is shaped too while the run lasts, and "
                 "counted in the wire bytes"]
     return []
+
+
+def check_may_shape(ifname: str) -> None:
+    """Refuse, before any agent waits on us, a process that cannot change this host's qdiscs."""
+    if not privilege.has_net_admin():
+        raise NicError(f"--nic {ifname}: shaping this host's NIC needs root (CAP_NET_ADMIN in "
+                       "its network namespace), and a user namespace cannot give that for a real "
+                       "NIC: run the agent as root (sudo netsim-ddp host ...)")
 
 
 def netns_inode() -> int:
@@ -616,10 +624,15 @@ def kill_job_processes(job: str, inode: int) -> int:
     return killed
 
 
+def recorded_nics() -> list[Path]:
+    """The state files of `host` agents' NICs, live or dead (root's: only root may restore)."""
+    return sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.json"))
+
+
 def restore_stale_nics(dry_run: bool = False) -> list[RestoredNic]:
     """Restore every NIC whose agent is gone (its lock is free), as its state file says."""
     results = []
-    for path in sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.json")):
+    for path in recorded_nics():
         fd = _lock(path, wait=False)
         if fd is None:
             continue  # a live agent

@@ -100,7 +100,7 @@ def clean_stale_runs(dry_run: bool = False) -> StaleRunsReport:
 
 
 def _is_root() -> bool:
-    return privilege.mode() == "root" or (privilege.mode() is None and os.geteuid() == 0)
+    return privilege.host_root()
 
 
 def _user_lock_dir() -> Path:

@@ -398,6 +398,9 @@ class ClusterRecord(Record):
     nvlink: dict[str, Any] = Field(default_factory=dict)
     intra_calibrations: list[CalibrationRecord] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    nics: dict[str, Any] = Field(default_factory=dict)  # cluster.Nics: per_server, bits_per_s
+    network: dict[str, Any] = Field(default_factory=dict)  # cluster.NetworkLevel: as a ring
+    flags: list[str] = Field(default_factory=list)  # cannot be extrapolated honestly, and why
 
 
 class CalibrationRecord(Record):

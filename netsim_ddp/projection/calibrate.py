@@ -40,7 +40,10 @@ from netsim_ddp.projection.nccl_tests import NcclParseError, NcclTestRun, parse_
 MIB = 2**20
 ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are reported too
 TAIL_POINTS = 4  # the largest sizes whose slope extrapolates beyond the measured range
-TREE_BANDWIDTH = 0.92 * 0.5  # NCCL's tree all-reduce: busbw x .92, algbw = busbw x .5
+# NCCL's tree all-reduce (its NVLS tree, src/graph/tuning.cc): a double binary tree over h
+# servers moves 2(h-1)/h x S through each server's NICs (S on 2 servers, where a ring moves
+# 2(n-1)/n x S), at 0.7 of the rate a ring gets from them: algbw = 0.7 x h/(2(h-1)) x busbw.
+TREE_EFFICIENCY = 0.7
 # What a one-server run can calibrate: the NVLink phases of a hierarchical all-reduce.
 CALIBRATABLE_INTRA = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -208,7 +211,8 @@ def projection_use(calibration: Calibration, calibratable: Sequence[str]) -> str
     """What a projection does with this calibration, in one line."""
     kind = calibration.collective
     if calibration.hosts > 1 and kind == "all_reduce":
-        return "projections: the network level (ring, tree, and the hierarchical network phase)"
+        return ("projections: the network level (ring and tree; the hierarchical network "
+                "phase on servers unlike its hosts)")
     if calibration.hosts == 1 and kind in CALIBRATABLE_INTRA:
         return (f"projections: the NVLink level inside a server of {calibration.world_size} "
                 f"GPUs ({'half of it per phase' if kind == 'all_reduce' else 'its phase'} of "

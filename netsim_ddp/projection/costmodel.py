@@ -340,12 +340,15 @@ def calibrated_assumptions(calibration: Mapping[str, object], overlap: float) ->
         f"all-reduce time per bucket from the calibration ({calibration['collective']} on "
         f"{world} GPUs, {hosts} hosts; nccl-tests in-place times), interpolated in size only at "
         f"{world} GPUs",
-        f"beyond {world} GPUs: its latency part carried over the steps of each algorithm (ring "
-        f"2(n-1) over the GPUs, tree log2 of the servers, hierarchical 2(h-1) over the h "
-        f"servers), its bandwidth at the measured bus bandwidth plateau "
-        f"{busbw * 8 / 1e9:.1f} Gbit/s (tree at 0.92 x busbw / 2, as NCCL's tuner); per "
-        "bucket the fastest algorithm, named in each row",
-        "the servers' GPUs and NVLink as the notes say, each with where it comes from",
+        f"beyond {world} GPUs: its latency per ring step (at 1 MiB) carried over the steps of "
+        f"each algorithm (ring 2(n-1) over the GPUs, tree log2 of the servers, hierarchical "
+        f"2(h-1) over the h servers), its bytes at the bus bandwidth it measured at the same "
+        f"size, never past the plateau {busbw * 8 / 1e9:.1f} Gbit/s, times the NICs that "
+        "carry them over the calibrated hosts' (tree at 0.7 x h/2(h-1) of it, NCCL's model); "
+        "per bucket the fastest algorithm, named in each row",
+        "the servers' GPUs, NICs and NVLink as the notes say, each with where it comes from; "
+        "a calibration that cannot be extrapolated as measured (NCCL's 2-host tree) is "
+        "flagged first",
         "DDP buckets as measured here, each an equal share of the mode's bytes",
         f"overlap = {overlap:.2f} of the compute step can hide communication, as fitted here",
         "compute per GPU does not change with the number of GPUs (weak scaling)",

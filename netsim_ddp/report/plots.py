@@ -306,18 +306,21 @@ MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "ef
 
 def report(results_json_path: str | Path, out_dir: str | Path,
            calibration: str | Path | Sequence[str | Path] | None = None,
-           history: HistoryReport | None = None) -> Path:
+           history: HistoryReport | None = None, *, nics_per_server: int | None = None,
+           nic_bandwidth_bps: float | None = None) -> Path:
     """Plots (PNG) and a Markdown + HTML report of a results JSON; returns report.md's path.
     DocumentError if the file is not a results document. `calibration` (nccl-tests output, one
-    file or several) projects each sweep again from it (cluster.reproject); it raises
-    calibrate.CalibrationError or ncclparse.NcclParseError on a bad file."""
+    file or several) projects each sweep again from it (cluster.reproject), its servers'
+    NICs as given; it raises calibrate.CalibrationError or ncclparse.NcclParseError on a bad
+    file."""
     document = load_document(results_json_path)
     calibrated = None
     if calibration is not None:
         from netsim_ddp.projection.cluster import load_cluster
 
         paths = [calibration] if isinstance(calibration, str | Path) else list(calibration)
-        calibrated = load_cluster(paths, where="--calibration")
+        calibrated = load_cluster(paths, nics_per_server=nics_per_server,
+                                  nic_bandwidth_bps=nic_bandwidth_bps, where="--calibration")
     try:
         if calibrated is not None:
             from netsim_ddp.projection.cluster import reproject

@@ -146,7 +146,8 @@ def projection_table(projection: ProjectionRecord) -> Table:
         table.caption = ("scaling efficiency and the all-reduce algorithm: cal = the "
                          "calibration's measured curve at its world size; ring/tree/hier "
                          "(NVLink reduce-scatter, ring over servers, NVLink all-gather) beyond "
-                         "it; nvl = inside one server")
+                         "it; nvl = inside one server; the notes say the servers' GPUs, NICs "
+                         "and NVLink, and any flag")
     elif projection.typical_alpha_s:
         table.caption = (f"a / b: efficiency with the per-hop latency fitted here / with a "
                          f"typical NCCL-over-Ethernet {projection.typical_alpha_s * 1e6:.0f} "

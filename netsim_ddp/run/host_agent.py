@@ -59,7 +59,14 @@ from netsim_ddp.fabric.background import (
 from netsim_ddp.fabric.capabilities import probe_capabilities
 from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.netns import libc
-from netsim_ddp.fabric.nic import JOB_ENV, NicRestoreError, ShapedNic, check_nic, inspect_nic
+from netsim_ddp.fabric.nic import (
+    JOB_ENV,
+    NicRestoreError,
+    ShapedNic,
+    check_may_shape,
+    check_nic,
+    inspect_nic,
+)
 from netsim_ddp.fabric.own_link import NIC_ENV
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.scenario.spec import Scenario
@@ -329,6 +336,7 @@ class HostAgent:
         validate(self.options)
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
+        check_may_shape(info.ifname)
         self.address = info.addresses[0]
         self.progress(f"{self.options.node_name}: joining at {self.options.master_addr}:"
                       f"{self.options.master_port}")

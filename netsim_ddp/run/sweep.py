@@ -14,6 +14,7 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
     compute = "120ms"                # your GPU's step time; default: the compute measured here
     calibration = "allreduce.txt"    # nccl-tests output of your cluster (projection.calibrate)
     gpus_per_server = 8              # default: the calibration's; NVLink: projection.cluster
+    nics_per_server = 8              # default 1; NICs carry the network, not GPUs
 
 The JSON a sweep adds to `netsim-ddp run --json` (see `scenario_report.results_document`): a
 top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode:
@@ -199,8 +200,8 @@ class SweepReport:
 def load_calibration(scenario: Scenario, config: SweepConfig,
                      override: str | Path | Sequence[str | Path] | None = None) -> Cluster | None:
     """The sweep's calibrated cluster: `override` (command-line paths) or the files named by
-    [sweep.projection] calibration, relative to the scenario file, with its gpus_per_server and
-    NVLink fields. Raises CalibrationError naming the file and the field."""
+    [sweep.projection] calibration, relative to the scenario file, with its gpus_per_server,
+    NVLink and NIC fields. Raises CalibrationError naming the file and the field."""
     projection = config.projection
     if override is not None and not isinstance(override, str | Path):
         override = list(override) or None

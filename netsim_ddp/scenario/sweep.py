@@ -1,5 +1,5 @@
 """The [sweep] table of a scenario file: which points to run, the held-out check, and what to
-project to. No torch, no runner: `scenario.py` can import it for its `sweep` field."""
+project to. No torch, no runner: `spec.py` can import it for its `sweep` field."""
 
 from __future__ import annotations
 
@@ -57,6 +57,16 @@ class ProjectionConfig(_Strict):
         None, description="Bus bandwidth of a reduce-scatter or all-gather inside one server "
         "(e.g. '370GB/s'); default: a one-server calibration's curves, else 370 GB/s, an H100 "
         "SXM server (NVLink 4, 18 links x 20.6 GB/s).")
+    nics_per_server: int | None = Field(
+        None, ge=1, description="NICs in one server of the calibrated (and projected) cluster; "
+        "each GPU drives the one nearest it, so min(GPUs per server, NICs) carry a server's "
+        "traffic: a calibration with fewer GPUs per host than the projected servers scales its "
+        "network by the NICs, not the GPUs. Default 1 (H100 servers usually have one per GPU: "
+        "set it). Every projection says which it used.")
+    nic_bandwidth: ProjectedRate | None = Field(
+        None, description="One NIC's line rate (e.g. '400gbit'): a 2-host calibration whose bus "
+        "bandwidth is above what a ring over its NICs reaches ran NCCL's tree and is flagged; "
+        "default: typical for the calibration's GPUs (H100/H200/B200: 400 Gbit/s, A100: 200).")
     nvlink_latency: Duration | None = Field(
         None, description="Latency of one reduce-scatter or all-gather inside a server (e.g. "
         "'10us'); default: a one-server calibration's curves, else 10 us (NCCL's tuning model).")
@@ -78,7 +88,8 @@ class ProjectionConfig(_Strict):
     def cluster_fields(self) -> dict[str, Any]:
         """The fields `cluster.build` takes, as given (None = from the calibration/default)."""
         return {"gpus_per_server": self.gpus_per_server, "nvlink_busbw_bps": self.nvlink_busbw,
-                "nvlink_latency_s": self.nvlink_latency}
+                "nvlink_latency_s": self.nvlink_latency, "nics_per_server": self.nics_per_server,
+                "nic_bandwidth_bps": self.nic_bandwidth}
 
     @field_serializer("compute", when_used="json")
     def _compute_with_unit(self, value: float | dict[str, float] | None) -> object:

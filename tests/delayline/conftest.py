@@ -1,29 +1,29 @@
-"""Fixtures for the delay line's tests: they build real namespaces, so they need root."""
+"""Fixtures for the delay line's tests: they build real namespaces, so they need root (where
+they cannot run: a skip, or a failure under NETSIM_DDP_REQUIRE_FABRIC, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric import netns, privilege
 from netsim_ddp.fabric.delayline import DelayLineBuildError, build_binary
 from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
 
 
 @pytest.fixture(scope="session")
-def forwarder_binary():
+def forwarder_binary(lacks_fabric):
     try:
         return build_binary()
     except DelayLineBuildError as exc:
-        pytest.skip(f"cannot build the delay line forwarder: {exc}")
+        lacks_fabric(f"cannot build the delay line forwarder: {exc}")
 
 
 @pytest.fixture(scope="session")
-def as_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the delay line tests create namespaces and AF_PACKET sockets: run as root")
+def as_root(lacks_fabric) -> None:
+    if not privilege.host_root():
+        lacks_fabric("the delay line tests create namespaces and AF_PACKET sockets: run as root")
 
 
 def _leftovers(bed: Testbed) -> list[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from netsim_ddp.fabric import privilege
 from netsim_ddp.fabric.delayline import build
 
 COMPILED = b"\x7fELF compiled here"
@@ -60,7 +61,7 @@ def test_binary_writable_by_others_is_compiled_afresh(cache, mode: int) -> None:
 
 
 def test_binary_owned_by_someone_else_is_compiled_afresh(cache) -> None:
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         pytest.skip("giving a file to another user needs root")
     planted = _plant(cache[0], 0o755)
     os.chown(planted, 65534, 65534)

@@ -176,4 +176,5 @@ def test_watchdog_ends_the_launch_at_once_and_kills_the_ranks(tmp_path) -> None:
         launch(nodes, RankSpec(workload=WorkloadConfig(params="10k")), tmp_path, timeout_s=60,
                watchdog=watchdog)
     assert time.monotonic() - start < 5
+    assert [len(node.started) for node in nodes] == [1, 1]  # each node's "torchrun", killed
     assert all(p.poll() is not None for node in nodes for p in node.started)

@@ -13,7 +13,7 @@ import pytest
 from pyroute2 import IPRoute
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, netns
+from netsim_ddp.fabric import Fabric, netns, privilege
 from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodput
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
@@ -253,7 +253,7 @@ ROOTLESS = textwrap.dedent("""
 
 
 def test_rootless_through_a_user_namespace(tmp_path):
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         pytest.skip("needs root to drop to an unprivileged user for the test")
     result = subprocess.run([sys.executable, "-c", ROOTLESS], capture_output=True, text=True,
                             timeout=60, cwd=tmp_path,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, naming, netns
+from netsim_ddp.fabric import Fabric, naming, netns, privilege
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 
@@ -187,7 +187,7 @@ def lock_file_state(path):
 
 
 def test_dry_run_writes_nothing_and_clean_removes_a_killed_runs_namespaces(tmp_path):
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         pytest.skip("namespaces of runs are named on the host only as root")
     holders = [start_holder(tmp_path) for _ in range(2)]
     for holder, _ in holders:
@@ -240,7 +240,7 @@ ROOTLESS_CLEAN = textwrap.dedent("""
 
 
 def test_rootless_clean_sweeps_its_users_dead_runs_and_names_roots(tmp_path):
-    if os.geteuid() != 0:
+    if not privilege.host_root():
         pytest.skip("needs root to drop to an unprivileged user for the test")
     root_holder, root_run = start_holder(tmp_path)  # a dead root run: rootless can only list it
     root_holder.kill()

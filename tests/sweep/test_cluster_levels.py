@@ -139,8 +139,9 @@ def test_each_algorithm_has_its_regime_and_the_row_names_it():
     nvlink = TYPICAL_NVLINK
     assert mid.nvlink_s == pytest.approx(2 * (nvlink.latency_s + 7 / 8 * 25 * MIB
                                               / nvlink.busbw_bytes_per_s))
-    network = synthetic()
-    assert mid.network_s == pytest.approx(7 * network.curve(25 * MIB * 2 / 8))
+    # Across 8 servers: 2 x 7 ring steps of the calibration's (50 us over its 2 steps), and
+    # 2 x 7/8 x S through each server's NIC at the calibrated 10 GB/s.
+    assert mid.network_s == pytest.approx(14 * 25e-6 + 2 * 7 / 8 * 25 * MIB / 10e9, rel=1e-4)
     # 1024 GPUs, a small message: the tree's log2(servers) depth wins.
     assert allreduce_time(cluster, 1024, 2**10).algorithm == "tree"
 
@@ -207,16 +208,20 @@ def test_a_sweep_reads_the_cluster_fields_and_lists_of_files(tmp_path):
     assert any(row["algorithm"] in ("hierarchical", "ring", "tree") for row in rows)
     notes = " ".join(sweep.projection.notes)
     assert "one-server run" in notes and "as measured" in notes
-    assert "servers' GPUs and NVLink" in " ".join(sweep.projection.assumptions())
+    assert "servers' GPUs, NICs and NVLink" in " ".join(sweep.projection.assumptions())
     relative = SweepConfig(nodes=[1, 2, 3, 4], projection={"gpus": [16], "calibration": [
         "calibrations/gloo-3nodes-1gbit.txt", "calibrations/gloo-1node-2ranks.txt"]})
     found = run_sweep(at(ROOT / "scenarios" / "sweep.toml"), relative, runner=fake_runner())
     assert found.calibration.network.hosts == 3 and found.calibration.nvlink.measured
     fields = SweepConfig(nodes=[1, 2, 3, 4], projection={
         "gpus": [16, 64], "calibration": str(NETWORK), "gpus_per_server": 8,
-        "nvlink_busbw": "200GB/s", "nvlink_latency": "20us"})
+        "nvlink_busbw": "200GB/s", "nvlink_latency": "20us", "nics_per_server": 8,
+        "nic_bandwidth": "1gbit"})
     cluster = run_sweep(scenario, fields, runner=fake_runner()).calibration
     assert cluster.gpus_per_server == 8
+    assert (cluster.nics.per_server, cluster.nics.bits_per_s) == (8, 1e9)
+    assert cluster.nics.source == "sweep.projection.nics_per_server"
+    assert cluster.nic_scale == 8  # 1-GPU hosts calibrated, 8 NICs in each 8-GPU server
     assert cluster.gpus_source == "sweep.projection.gpus_per_server"
     assert cluster.nvlink.busbw_bytes_per_s == pytest.approx(200e9)
     assert cluster.nvlink.latency_s == pytest.approx(20e-6)

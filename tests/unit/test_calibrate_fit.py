@@ -27,12 +27,28 @@ def big(calibration: Calibration) -> list[dict]:
     return [row for row in calibration.table() if row["size"] >= MIB]
 
 
+# Sizes inside a protocol step, which no interpolation can place: NCCL switches protocol between
+# 16 and 32 MiB on the H100 run (16 MiB takes 952 us, 32 MiB 1054).
+PROTOCOL_STEPS = {"a3mega-2x8-h100.txt": {16 * MIB}}
+
+
+def held_out_errors(path: Path, calibration: Calibration) -> dict[int, float]:
+    """Each size from 1 MiB up, predicted by the curve fitted on all the other sizes (the
+    curve's own error is 0 by construction: it passes through the measured points), but for
+    the protocol step, which must be missed by more than 10% (else it is not one)."""
+    errors = {row["size"]: row["held_out_error"] for row in big(calibration)}
+    assert None not in errors.values(), errors
+    for step in PROTOCOL_STEPS.get(path.name, ()):
+        assert abs(errors.pop(step)) > 0.10
+    return errors
+
+
 @pytest.mark.parametrize("path", [A3MEGA, *SHIPPED], ids=lambda p: p.name)
-def test_the_curve_follows_every_size_from_1mib_up(path):
+def test_the_curve_predicts_every_size_from_1mib_up_it_did_not_see(path):
     (calibration,) = load([path])
-    rows = big(calibration)
-    assert len(rows) >= 6
-    assert max(abs(row["error"]) for row in rows) <= 0.10
+    errors = held_out_errors(path, calibration)
+    assert len(errors) >= 6
+    assert max(abs(e) for e in errors.values()) <= 0.10, errors
 
 
 def test_a_single_alpha_beta_line_cannot_and_the_curve_can():
@@ -41,8 +57,12 @@ def test_a_single_alpha_beta_line_cannot_and_the_curve_can():
     alpha, bandwidth = alpha_beta_line(sizes, times)
     line_errors = np.abs(alpha + sizes / bandwidth - times) / times
     assert line_errors.max() > 0.5  # the middle of the range: several times off
-    assert calibration.as_dict()["alpha_beta_line"]["max_abs_error"] == line_errors.max()
-    assert calibration.as_dict()["max_abs_error_from_1MiB"] <= 0.10
+    document = calibration.as_dict()
+    assert document["alpha_beta_line"]["max_abs_error"] == line_errors.max()
+    # The curve, on sizes it did not see: 16% at the protocol step (the worst), 10% elsewhere.
+    held = document["max_abs_held_out_error_from_1MiB"]
+    assert held == max(abs(row["held_out_error"]) for row in big(calibration))
+    assert held <= 0.2 and line_errors.max() > 3 * held
 
 
 def test_held_out_sizes_of_a_real_run():
@@ -118,24 +138,31 @@ FIXTURES = sorted((ROOT / "tests" / "unit" / "nccl-tests").glob("*.txt"))
 ALL_FILES = [*FIXTURES, *sorted((ROOT / "scenarios" / "calibrations").glob("*.txt"))]
 
 
-def test_every_run_that_calibrates_follows_its_sizes_from_1mib_up():
-    # The done-when of issue 14, over every fixture and shipped file, every collective in it
-    # (the one-server file holds all_reduce, reduce_scatter and all_gather). Files that are not
-    # whole runs are refused in one line (test_calibrate_parse); those with no size of 1 MiB
-    # or more make no claim here.
+def test_every_network_run_that_calibrates_predicts_its_sizes_from_1mib_up():
+    # The done-when of issue 14, over every fixture and shipped file, every collective in it,
+    # on sizes held out (the curve's own error is 0 by construction), but for a protocol step.
+    # Files that are not whole runs are refused in one line (test_calibrate_parse); those with
+    # no size of 1 MiB or more make no claim here; nor do one-server runs: two gloo ranks on
+    # loopback are bound by a shared CPU, not a link, and a size left out is missed by 15-62%
+    # (README, Calibrating).
     from netsim_ddp.projection.nccl_tests import NcclParseError
 
-    checked = []
+    checked, one_server = [], []
     for path in ALL_FILES:
         try:
             found = load([path])
         except (NcclParseError, CalibrationError):
             continue
         for calibration in found:
-            rows = big(calibration)
-            if rows:
-                worst = max(abs(row["error"]) for row in rows)
-                assert worst <= 0.10, (path.name, calibration.collective, worst)
-                checked.append((path.name, calibration.collective))
-    assert ("gloo-1node-2ranks.txt", "reduce_scatter") in checked
-    assert len(checked) >= 6
+            if not big(calibration):
+                continue
+            if calibration.hosts == 1:
+                one_server.append((path.name, calibration.collective))
+                continue
+            errors = held_out_errors(path, calibration)
+            worst = max(abs(e) for e in errors.values())
+            assert worst <= 0.10, (path.name, calibration.collective, errors)
+            checked.append((path.name, calibration.collective))
+    assert ("a3mega-2x8-h100.txt", "all_reduce") in checked
+    assert len(checked) >= 3
+    assert ("gloo-1node-2ranks.txt", "reduce_scatter") in one_server

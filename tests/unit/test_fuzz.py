@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from netsim_ddp import Scenario, ScenarioError
@@ -56,6 +56,11 @@ json_values = st.recursive(
 
 @FUZZ
 @given(value=st.one_of(scalars, st.lists(scalars, max_size=2)))
+@example(value="-1gbit")  # a sign in every parser's text, whatever the draw holds
+@example(value="-5ms")
+@example(value="-0.5%")
+@example(value="-1MiB")
+@example(value=-1)
 def test_unit_parsers_return_finite_numbers_or_value_error(value):
     for parse in (units.parse_rate, units.parse_duration, units.parse_size, units.parse_count,
                   units.parse_percent):
@@ -64,7 +69,7 @@ def test_unit_parsers_return_finite_numbers_or_value_error(value):
         except ValueError:
             continue
         assert not isinstance(result, bool)
-        assert math.isfinite(result)
+        assert math.isfinite(result) and result >= 0, (parse.__name__, value, result)
         if parse in (units.parse_size, units.parse_count):
             assert isinstance(result, int) and 0 <= result <= units.MAX_INTEGER
 
@@ -132,14 +137,29 @@ def test_generated_scenarios_load_or_raise_scenario_error(document):
     _valid_or_own_error(document)
 
 
+# A file's bytes: text (st.text never draws a lone surrogate, so its UTF-8 is always valid)
+# and raw bytes, alone or after a cut of a shipped file, so files that are not UTF-8 are fed too.
+file_tails = st.one_of(st.text(max_size=20).map(str.encode), st.binary(max_size=20))
+
+
 @FUZZ
-@given(text=st.one_of(st.text(max_size=200), st.builds(
-    lambda base, cut, extra: base[:cut] + extra,
-    st.sampled_from([path.read_text() for path in SHIPPED]),
-    st.integers(min_value=0, max_value=2000), st.text(max_size=20))))
-def test_scenario_files_as_text_load_or_raise_scenario_error(tmp_path, text):
+@given(content=st.one_of(st.text(max_size=200).map(str.encode), st.binary(max_size=200),
+                         st.builds(lambda base, cut, extra: base[:cut] + extra,
+                                   st.sampled_from([path.read_bytes() for path in SHIPPED]),
+                                   st.integers(min_value=0, max_value=2000), file_tails)))
+@example(content=b"\xff")
+@example(content=b'name = "caf\xc3"\n[topology]\nnodes = 2\n')  # a character cut short
+@example(content=(ROOT / "scenarios" / "default.toml").read_bytes() + b"\n# \xed\xb3\xbf\n")
+def test_scenario_files_load_or_raise_scenario_error(tmp_path, content):
     path = tmp_path / "fuzz.toml"
-    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    path.write_bytes(content)
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError:  # not UTF-8 (a lone surrogate's bytes neither): refused as such
+        with pytest.raises(ScenarioError) as info:
+            Scenario.load(path)
+        assert info.value.field == "(file)"
+        return
     try:
         Scenario.load(path)
     except ScenarioError:

@@ -108,7 +108,8 @@ def test_baseline_round_trip_and_the_gate(tmp_path):
     baseline = Baseline(path)
     tolerances = [Tolerance.parse("median:10%"), Tolerance.parse("comm_s.p95:15%")]
     same = report_with({"fp32": mode("fp32", seed=2)})  # a rerun: different noise
-    assert all(v.passed for v in baseline.compare(same, tolerances, 0.05))
+    verdicts = baseline.compare(same, tolerances, 0.05)
+    assert len(verdicts) == len(tolerances) and all(v.passed for v in verdicts)
     slower = report_with({"fp32": mode("fp32", comm=0.75, seed=3)})  # half the bandwidth
     verdicts = baseline.compare(slower, tolerances, 0.05)
     assert not any(v.passed for v in verdicts)

@@ -117,7 +117,8 @@ def test_a_series_with_nan_is_refused():
 
 def test_unchanged_runs_pass(tmp_path):
     report = judged(tmp_path, [0.7] * 8, metrics=())
-    assert report.passed and all(v.passed for v in report.verdicts)
+    assert report.passed and len(report.verdicts) == len(report.metrics) == 4 * 2  # x modes
+    assert all(v.passed for v in report.verdicts)
     assert {str(h.metric) for h in report.metrics} == {
         "iteration_s.median", "comm_s.median", "scaling_efficiency.median",
         "wire_bytes_per_iteration"}
@@ -218,7 +219,8 @@ def test_another_kind_of_host_splits_the_series_but_a_new_hostname_does_not(tmp_
     report = judge_history(load_runs(paths)[0], [Metric.parse("iteration_s.median")], {})
     hosts = {h.key.host for h in report.metrics}
     assert len(hosts) == 2 and any("different kinds of host" in n for n in report.notes)
-    gating = [h for h in report.metrics if h.gating]
+    gating = [h for h in report.metrics if h.gating]  # one metric, two modes: two series
+    assert sorted(h.key.mode for h in gating) == ["amp-fp16", "fp32"]
     assert all(len(h.values) == 1 and "Intel Xeon" in h.key.host for h in gating)
 
 
@@ -245,7 +247,7 @@ def test_a_run_without_measurements_is_skipped_and_said(tmp_path):
     runs, _ = load_runs([*paths, save(broken, tmp_path / "r03.json")])
     report = judge_history(runs, [Metric.parse("iteration_s.median")], {})
     assert any("run 3" in note and "error" in note for note in report.notes)
-    assert all(len(h.values) == 2 for h in report.metrics)
+    assert [len(h.values) for h in report.metrics] == [2, 2]  # fp32 and amp-fp16, 2 runs each
 
 
 def test_an_unreadable_file_or_another_json_names_itself(tmp_path):

@@ -187,18 +187,31 @@ def test_host_limits_check_every_sweep_point():
 
 
 def test_validation_is_linear_in_nodes():
-    """It was cubic with per-node overrides: 1000 nodes took 3.9 s, 2000 nodes 45 s."""
+    """It was cubic with per-node overrides: 1000 nodes took 3.9 s, 2000 nodes 45 s. A limit on
+    one size's time cannot tell linear from quadratic (1000 nodes take 1.5 ms here), so two sizes
+    are timed, best of 3 each: 4 x the nodes must cost well under 16 x the time."""
     def data(n):
         return {"name": "big", "topology": {"nodes": n, "names": [f"h{i}" for i in range(n)],
                                             "subnet": "10.0.0.0/16"},
                 "link": {"rate": "1gbit", "delay": "1ms",
                          "override": [{"node": f"h{i}", "rate": "100mbit"}
                                       for i in range(0, n, 10)]}}
-    started = time.perf_counter()
-    scenario = Scenario.from_dict(data(1000))
-    links = [scenario.link_for(i) for i in range(1000)]  # as planning the fabric asks
-    assert time.perf_counter() - started < 0.5
-    assert links[10].rate == 100e6 and links[11].rate == 1e9
+
+    def best_of_3(n):
+        best = math.inf
+        for _ in range(3):
+            given = data(n)
+            started = time.perf_counter()
+            scenario = Scenario.from_dict(given)
+            links = [scenario.link_for(i) for i in range(n)]  # as planning the fabric asks
+            best = min(best, time.perf_counter() - started)
+        assert links[10].rate == 100e6 and links[11].rate == 1e9
+        return best
+
+    small, large = 250, 1000  # a bridge holds at most 1023 nodes
+    ratio = best_of_3(large) / best_of_3(small)
+    # Linear: 4 x (3.5 x here, a fixed cost shared); quadratic: 16 x. Twice linear is the bound.
+    assert ratio < 2 * large / small, f"{large} nodes took {ratio:.1f} x the time of {small}"
 
 
 def test_links_follow_a_copy_that_replaces_the_link():

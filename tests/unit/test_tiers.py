@@ -111,3 +111,27 @@ def test_an_empty_tier_passes(pytester, markexpr, exit_code):
     """)
     args = ["-m", markexpr] if markexpr != UNIT else ["-m", markexpr, "-k", "nothing"]
     assert pytester.runpytest(*args).ret == exit_code
+
+
+@pytest.mark.parametrize(("required", "outcome"), [("", "skipped"), ("1", "errors")])
+def test_a_host_without_the_fabric_skips_but_fails_where_it_is_required(
+        pytester, monkeypatch, required, outcome):
+    # .ci/run sets NETSIM_DDP_REQUIRE_FABRIC=1: there a probe that finds nothing (or a
+    # regression in the probe) fails the netns and ddp tiers instead of skipping them green.
+    pytester.makeconftest((ROOT / "tests" / "conftest.py").read_text())
+    pytester.makepyfile(test_one="""
+        import pytest
+        from netsim_ddp.fabric.capabilities import Capabilities
+
+        @pytest.fixture(scope="session")
+        def capabilities():
+            return Capabilities.unavailable("none", "no namespaces on this host")
+
+        def test_in_the_fabric(needs_fabric):
+            pass
+    """)
+    monkeypatch.setenv("NETSIM_DDP_REQUIRE_FABRIC", required)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(**{outcome: 1})
+    result.stdout.fnmatch_lines(["*cannot build namespaces and shaped veths: no namespaces on "
+                                 "this host*"])

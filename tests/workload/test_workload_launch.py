@@ -28,6 +28,7 @@ from netsim_ddp.workload.results import ModeResult
 
 ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
 TINY = dict(params="200k", batch_size=16, iterations=4, warmup=1, modes=ALL_MODES)
+FAILS_FAST_S = 10.0  # a failed rank to launch's error, at most (measured: about 2 s)
 
 
 # Every test reading `run` trains: the fixture's params carry the `ddp` marker to them.
@@ -187,18 +188,23 @@ def test_torchrun_command_line() -> None:
 
 @pytest.mark.ddp
 def test_crashing_rank_fails_fast_and_cleans_up(tmp_path: Path, factories_env: dict) -> None:
-    # Rank 1 raises in the factory; rank 0, on the other node, is left waiting in DDP's
-    # parameter broadcast and only launch can end it.
-    spec = RankSpec(workload=WorkloadConfig(model="workload_factories:explode_on_rank1",
-                                            params=1000, iterations=2))  # fmt: skip
+    # Rank 1 raises in the factory; rank 0, on the other node, hangs in its own, and only
+    # launch can end it. Fast: from rank 1's exception to launch's error is node n1's torchrun
+    # reporting the failure and launch killing node n0 (about 2 s here), not the timeout.
+    spec = RankSpec(workload=WorkloadConfig(
+        model="workload_factories:explode_on_rank1_while_rank0_hangs", params=1000,
+        iterations=2))  # fmt: skip
     timeout = 60.0
-    start = time.monotonic()
+    markers = tmp_path / "markers"
+    markers.mkdir()
     with pytest.raises(WorkloadError) as excinfo:
-        launch([LoopbackNode("n0"), LoopbackNode("n1")], spec, tmp_path, timeout,
-               socket_ifname="lo", env=factories_env)  # fmt: skip
-    assert time.monotonic() - start < timeout
+        launch([LoopbackNode("n0"), LoopbackNode("n1")], spec, tmp_path / "run", timeout,
+               socket_ifname="lo", env={**factories_env, "NSD_TEST_MARKER_DIR": str(markers)})
+    raised = time.monotonic()
+    exploded = float((markers / "rank1-exploded").read_text())
+    assert raised - exploded < FAILS_FAST_S, f"{raised - exploded:.1f} s after rank 1 failed"
     message = str(excinfo.value)
-    assert "node n1" in message
+    assert "node n1 failed first" in message and "also failed" not in message  # n0 was ended
     assert "factory exploded on purpose (nsd-test)" in message
     assert "Traceback" in message
     assert live_processes_mentioning(str(tmp_path)) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +46,20 @@ def hang_on_rank1(params: int) -> tuple[nn.Module, object]:
 
 
 def explode_on_rank1(params: int) -> tuple[nn.Module, object]:
+    """Rank 1 raises; with NSD_TEST_MARKER_DIR set, it first writes there when it did
+    (time.monotonic(): one clock for every process of the host)."""
     if os.environ.get("RANK") == "1":
+        if "NSD_TEST_MARKER_DIR" in os.environ:
+            Path(os.environ["NSD_TEST_MARKER_DIR"], "rank1-exploded").write_text(
+                repr(time.monotonic()))
         raise RuntimeError("factory exploded on purpose (nsd-test)")
     return tiny(params)
+
+
+def explode_on_rank1_while_rank0_hangs(params: int) -> tuple[nn.Module, object]:
+    """Rank 1 raises (as explode_on_rank1); rank 0 never returns, so nothing in the job ends it,
+    only the launch can. (Left to reach DDP's parameter broadcast, rank 0 would fail on its own
+    as soon as rank 1's socket closed: gloo's "Connection reset by peer".)"""
+    if os.environ.get("RANK") == "0":
+        threading.Event().wait()
+    return explode_on_rank1(params)
