@@ -386,23 +386,40 @@ class HostAgent:
         options = self.options
         link = options.scenario.link_for(options.node_rank)
         netem = link.impaired and probe_capabilities().netem
+        outcome: ScenarioReport | str | None = None
+        nic = ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
+                        netem_available=netem)
         try:
-            with ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
-                           netem_available=netem) as nic:
+            with nic:
                 self.nic = nic
                 try:
                     outcome = self._run_shaped(control, nic)
                 finally:
                     self._stop_traffic()
         except NicRestoreError as exc:
+            # Never "ok": the NIC is left changed, its record kept for `netsim-ddp clean`.
             self._post_restored(control, {"ok": False, "error": str(exc)})
-            raise
+            if not isinstance(outcome, ScenarioReport):
+                raise
+            outcome.error = f"{options.node_name}: {exc}"
         except BaseException:
-            self._post_restored(control, {"ok": self.nic is not None, "error": None})
+            # Shaped and put back, or never shaped (refused before any change): as it was.
+            self._post_restored(control, {"ok": not nic.left_changed,
+                                          "error": nic.restore_error})
             raise
-        self._post_restored(control, {"ok": True, "error": None})
+        else:
+            self._post_restored(control, {"ok": True, "error": None})
         if isinstance(outcome, ScenarioReport):
             outcome.hosts = self._hosts_summary(control)
+            left = [f"{name}: " + (str(restored.get("error")) if isinstance(restored, dict)
+                                   else "no word")
+                    for name, host in outcome.hosts.items()
+                    for restored in [host.get("restored")]
+                    if not isinstance(restored, dict) or not restored.get("ok")]
+            if left and not outcome.error:
+                outcome.error = ("not every host's NIC came back as it was: " + "; ".join(left)
+                                 + " (`netsim-ddp clean` on those hosts)")
+        assert outcome is not None
         return outcome
 
     def _post_restored(self, control: Control, restored: dict[str, Any]) -> None:

@@ -20,3 +20,10 @@ def three_hosts(needs_fabric):
 def one_host(needs_fabric):
     with simulated_hosts(1) as hosts:
         yield hosts[0]
+
+
+@pytest.fixture
+def mq_host(needs_fabric):
+    """One host whose NIC has four transmit queues, so an `mq` root applies to it."""
+    with simulated_hosts(1, queues=4) as hosts:
+        yield hosts[0]

@@ -4,6 +4,11 @@
 Names: namespaces `nsd<run id>-h<i>` and `nsd<run id>-sw`, held by the run's lock so a
 concurrent `netsim-ddp clean` leaves them alone; links `nsdnic` (each host's NIC), `nsdp<i>`
 and `nsdbr` (the bridge's side). All are removed afterwards, also on failure.
+
+Options that make the hosts look like production ones: `queues` (each NIC a multiqueue veth,
+so an `mq` root applies), `last_octets` (addresses that need not sort in node order), and
+`outsiders` (further hosts on the same switch that are not part of the job: their traffic must
+stay unshaped).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class SimHost:
     netns: str
     address: str
     nic: str = NIC
+    in_job: bool = True  # False: an outsider on the same switch (another job, storage)
 
     @property
     def hostname(self) -> str:
@@ -67,13 +73,18 @@ def _disable_ipv6() -> None:
 
 
 @contextlib.contextmanager
-def simulated_hosts(count: int):
+def simulated_hosts(count: int, *, queues: int = 1, last_octets: list[int] | None = None,
+                    outsiders: int = 0):
+    """`count` job hosts (then `outsiders` more), host i at SUBNET.<last_octets[i]> (i + 1
+    by default), each NIC with `queues` transmit queues."""
     run_id = naming.new_run_id()
     lock = naming.RunLock(run_id)
     lock.acquire()
     switch = naming.netns_name(run_id, "sw")
-    hosts = [SimHost(i, naming.netns_name(run_id, f"h{i}"), f"{SUBNET}.{i + 1}")
-             for i in range(count)]
+    octets = last_octets or list(range(1, count + outsiders + 1))
+    assert len(octets) == count + outsiders
+    hosts = [SimHost(i, naming.netns_name(run_id, f"h{i}"), f"{SUBNET}.{octets[i]}",
+                     in_job=i < count) for i in range(count + outsiders)]
     made: list[str] = []
     try:
         for name in [switch, *(h.netns for h in hosts)]:
@@ -89,7 +100,8 @@ def simulated_hosts(count: int):
                 fd = os.open(netns.path_of(host.netns), os.O_RDONLY)
                 try:
                     ipr.link("add", ifname=f"nsdp{host.index}", kind="veth",
-                             peer={"ifname": NIC, "net_ns_fd": fd})
+                             peer={"ifname": NIC, "net_ns_fd": fd,
+                                   "num_tx_queues": queues, "num_rx_queues": queues})
                 finally:
                     os.close(fd)
                 (port,) = ipr.link_lookup(ifname=f"nsdp{host.index}")
@@ -106,8 +118,6 @@ def simulated_hosts(count: int):
         for name in made:
             netns.remove(name)
         lock.release()
-
-
 
 
 def netsim_ddp(*args) -> list[str]:
