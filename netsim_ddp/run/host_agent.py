@@ -66,6 +66,7 @@ from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
+from netsim_ddp.workload.gpus import GpuInventory
 from netsim_ddp.workload.launch import (
     RANK_MODULE,
     agent_module,
@@ -76,6 +77,8 @@ from netsim_ddp.workload.launch import (
     rank_errors,
     read_results,
 )
+from netsim_ddp.workload.nccl import rank_log_lines
+from netsim_ddp.workload.placement import Placement, place
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -321,12 +324,14 @@ class HostAgent:
         self.address = ""
         self.clock_offset = 0.0  # to node 0's CLOCK_MONOTONIC (netsim_ddp.common.clock)
         self.traffic: BackgroundTraffic | None = None  # this host's ends of the flows
+        self.placement: Placement | None = None  # this host's backend and GPUs
 
     # -- the whole life of one agent ----------------------------------------------------------
 
     def run(self) -> ScenarioReport | str:
         """Node 0: the report. Other nodes: the job's status as node 0 published it."""
         validate(self.options)
+        self.placement = host_placement(self.options)  # refused before anything changes
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
         self.address = info.addresses[0]
@@ -345,7 +350,9 @@ class HostAgent:
 
     def _join(self, control: Control) -> None:
         options = self.options
+        assert self.placement is not None
         hello = {"hostname": self.hostname, "address": self.address, "nic": options.nic,
+                 "backend": self.placement.backend,
                  "digest": options.digest(), "pid": os.getpid()}
         key = f"{PREFIX}hello/{options.node_rank}"
         mine = json.dumps(hello)
@@ -370,6 +377,12 @@ class HostAgent:
                     raise HostError(f"{control.describe(rank)} was given a different scenario "
                                     "or options than node 0: every host runs the same file "
                                     "with the same --nnodes and --iterations")
+                if other["backend"] != hello["backend"]:
+                    raise HostError(
+                        f"{control.describe(rank)} would run its ranks on "
+                        f"{other['backend']} and node 0 on {hello['backend']}: every host "
+                        "must resolve workload.backend alike (give every host GPUs and NCCL, "
+                        "or set workload.backend)")
             self.job = naming.new_run_id()
             control.set("job", self.job)
             control.serve_clock()
@@ -450,7 +463,9 @@ class HostAgent:
         assert workload is not None  # validated
         if options.iterations is not None:
             workload = workload.model_copy(update={"iterations": options.iterations})
-        report = ScenarioReport(options.scenario, run_id=self.job)
+        assert self.placement is not None
+        workload = workload.model_copy(update={"backend": self.placement.backend})
+        report = ScenarioReport(options.scenario, run_id=self.job, placement=self.placement)
         phases = iter(range(1_000_000))
 
         def launcher(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
@@ -474,7 +489,8 @@ class HostAgent:
                                       launcher, profile=False,
                                       allow_untrusted=options.allow_untrusted,
                                       timeout_s=options.timeout_s, progress=self.progress,
-                                      traffic=traffic)
+                                      traffic=traffic, transport_ifname=",".join(sorted(
+                                          {hello["nic"] for hello in control.hellos.values()})))
             if trained is not None:
                 finish_report(report, *trained)
         except WorkloadError as exc:
@@ -611,7 +627,7 @@ class HostAgent:
                  for key, value in phase.env.items()}
         if SIGNAL_DIR_ENV in local:
             Path(local[SIGNAL_DIR_ENV]).mkdir(parents=True, exist_ok=True)
-        env = rank_env(options.nic, {**local, NIC_ENV: options.nic, JOB_ENV: self.job})
+        env = self.phase_env(local)
         node = self._node()
         deadline = time.monotonic() + phase.timeout_s
         with open(logs / f"{node.name}.torchrun.log", "wb") as output:
@@ -636,6 +652,10 @@ class HostAgent:
                        if p.name.startswith("result-") or p.name == "allreduce.json")
         for name in files:
             control.set(f"files/{phase.index}/{name}", (out / name).read_bytes())
+        if self._node_env().get("NCCL_NET"):  # NCCL's word on its transport, for node 0
+            control.set(f"nccl/{phase.index}/{options.node_rank}", "\n".join(
+                line for line in rank_log_lines(logs / options.node_name)
+                if "NCCL INFO" in line))
         control.set(f"status/{phase.index}/{options.node_rank}", json.dumps({"files": files}))
         control.wait_for([f"status/{phase.index}/{rank}" for rank in range(options.nnodes)],
                          options.reply_timeout_s,
@@ -645,6 +665,24 @@ class HostAgent:
             for name in control.get_json(f"status/{phase.index}/{rank}")["files"]:
                 if not (out / name).exists():
                     (out / name).write_bytes(control.get(f"files/{phase.index}/{name}"))
+            if rank != options.node_rank and control.has(f"nccl/{phase.index}/{rank}"):
+                # Where the transport check reads each node's ranks' lines (rank_log_lines).
+                folder = logs / self.names[rank]
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "stdout-nccl.log").write_bytes(
+                    control.get(f"nccl/{phase.index}/{rank}"))
+
+    def phase_env(self, local: Mapping[str, str]) -> dict[str, str]:
+        """What this host's torchrun and ranks get for a phase: the phase's settings, the NIC
+        for gloo and for NCCL, the job marker, this host's GPUs."""
+        return rank_env(self.options.nic, {**local, NIC_ENV: self.options.nic,
+                                           JOB_ENV: self.job, **self._node_env()})
+
+    def _node_env(self) -> dict[str, str]:
+        """This host's ranks' GPUs and NCCL settings: NCCL pinned to --nic, sockets only."""
+        assert self.placement is not None
+        return self.placement.node_env(self.job, [self.options.node_name],
+                                       ifname=self.options.nic)[0]
 
     def _raise_after_grace(self, control: Control, failure: str, logs: Path) -> None:
         """A rank here failed. When a peer's failure caused it, the peer's agent says so
@@ -715,6 +753,21 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         if errors:
             raise BackgroundError("; ".join(errors))
         return assemble(ends)
+
+
+def host_placement(options: HostOptions, inventory: GpuInventory | None = None,
+                   environ: Mapping[str, str] | None = None) -> Placement:
+    """This host's backend and GPUs for its one node (its ranks_per_node ranks), as `run`
+    decides them for a whole fabric; HostConfigError where this host cannot run it as asked
+    (no GPUs for 'nccl', users' NCCL_* settings that would take the traffic off --nic)."""
+    workload = options.scenario.workload
+    assert workload is not None  # validated
+    one_node = options.scenario.topology.model_copy(update={"nodes": 1, "names": None})
+    placement = place(workload, one_node, inventory, environ)
+    if placement.refused:
+        raise HostConfigError(f"{options.scenario.path or options.scenario.name}: "
+                              f"{placement.describe()}")
+    return placement
 
 
 def _says(message: str) -> Callable[[list[str]], str]:

@@ -25,8 +25,10 @@ class Placement:
     note: str | None = None  # why 'auto' did not pick NCCL
 
     def node_env(self, run_id: str, node_names: Sequence[str],
-                 environ: Mapping[str, str] | None = None) -> list[dict[str, str]]:
-        """Per node, what its ranks get on top of the shared environment."""
+                 environ: Mapping[str, str] | None = None,
+                 ifname: str = nccl.NODE_IFNAME) -> list[dict[str, str]]:
+        """Per node, what its ranks get on top of the shared environment; `ifname`: the NIC
+        NCCL must use between nodes."""
         environ = os.environ if environ is None else environ
         envs = []
         for index, name in enumerate(node_names):
@@ -34,7 +36,7 @@ class Placement:
             if self.gpus is not None:
                 env |= self.gpus.env(index)
             if self.backend == "nccl":
-                env |= nccl.merged_env(environ, run_id, name)
+                env |= nccl.merged_env(environ, run_id, name, ifname)
             envs.append(env)
         return envs
 
