@@ -29,7 +29,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,17 @@ from netsim_ddp.scenario.spec import EffectiveLink
 
 from . import naming, netns
 from .errors import FabricError
-from .plan import QdiscPlan, netem, tbf
+from .nic_plan import (
+    EGRESS_CHILD_HANDLE,
+    EGRESS_HANDLE,
+    EGRESS_NETEM_HANDLE,
+    ETH_P_IP,
+    NicPlan,
+    NicPlanError,
+    egress_plan,
+    ingress_filters,
+)
+from .plan import tbf
 from .tc_tree import (
     TC_H_INGRESS,
     NicSnapshot,
@@ -56,13 +66,11 @@ from .tc_tree import (
     snapshot,
 )
 
-__all__ = ["NicSnapshot", "TcRecord", "snapshot"]  # the tree's record lives in tc_tree.py
+# The tree's record lives in tc_tree.py, the plan in nic_plan.py.
+__all__ = ["EGRESS_HANDLE", "NicSnapshot", "TcRecord", "egress_plan", "snapshot"]
 
 STATE_VERSION = 2  # 2: the record names its namespace (cookie) and NIC (MAC) beyond the inode
 INGRESS_HANDLE = 0xFFFF0000
-# Our qdiscs' handles ("NS", "NT"): chosen so they cannot be mistaken for the NIC's own.
-EGRESS_HANDLE = 0x4E530000
-EGRESS_CHILD_HANDLE = 0x4E540000
 FILTER_PRIO = 49152  # our redirect filter's priority on the ingress qdisc we add
 ETH_P_ALL = 0x0003
 IFF_UP = 0x1
@@ -123,8 +131,9 @@ def inspect_nic(ifname: str) -> NicInfo:
                    txqlen=link.get_attr("IFLA_TXQLEN") or 0)
 
 
-def check_nic(info: NicInfo) -> list[str]:
-    """Refuse what cannot be a cluster NIC; return warnings for what should be looked at."""
+def check_nic(info: NicInfo, peers_only: bool = False) -> list[str]:
+    """Refuse what cannot be a cluster NIC; return warnings for what should be looked at.
+    `peers_only`: only the job's traffic will be shaped (ShapedNic's peers)."""
     if info.loopback:
         raise NicError(f"--nic {info.ifname}: a loopback interface carries no traffic between "
                        "hosts; name the NIC the hosts reach each other through")
@@ -134,7 +143,7 @@ def check_nic(info: NicInfo) -> list[str]:
     if not info.addresses:
         raise NicError(f"--nic {info.ifname}: the interface has no IPv4 address, so the "
                        "training cannot be pinned to it")
-    if info.default_route:
+    if info.default_route and not peers_only:
         return [f"{info.ifname} carries this host's default route: everything the host sends "
                 "that way (ssh, storage, monitoring) is shaped too while the run lasts, and "
                 "counted in the wire bytes"]
@@ -157,23 +166,6 @@ def netns_cookie() -> int | None:
 
 
 # -- the plan --------------------------------------------------------------------------------
-
-
-def egress_plan(link: EffectiveLink, netem_available: bool) -> tuple[QdiscPlan, ...]:
-    """tbf at the root; netem above it when the link has delay, jitter or loss."""
-    if not link.impaired:
-        return (tbf(link, EGRESS_HANDLE, None),)
-    if not netem_available:
-        raise NicError(
-            "the scenario's link has delay, jitter or loss, which on a real NIC needs the "
-            "kernel's netem qdisc (sch_netem, CONFIG_NET_SCH_NETEM), and this kernel has none: "
-            "load sch_netem (modprobe sch_netem), or run the scenario without delay, jitter "
-            "and loss (the userspace delay line only exists between emulated nodes)")
-    if link.jitter_distribution != "uniform":
-        raise NicError(f"link.jitter_distribution = {link.jitter_distribution!r} needs netem's "
-                       "distribution tables, which pyroute2 cannot load; use 'uniform'")
-    top = netem(link, EGRESS_HANDLE)
-    return (top, tbf(link, EGRESS_CHILD_HANDLE, EGRESS_HANDLE | 1))
 
 
 def ifb_name(index: int) -> str:
@@ -329,8 +321,11 @@ class ShapedNic:
     """Context manager: `ifname` shaped to `link` for the block, restored exactly after it."""
 
     def __init__(self, ifname: str, link: EffectiveLink, *, job: str, ingress: bool = True,
-                 netem_available: bool = False):
+                 netem_available: bool = False, peers: Sequence[str] | None = None):
+        """`peers`: the job's other hosts' IPv4 addresses: only traffic to and from them is
+        shaped and counted (None: everything on the NIC)."""
         self.ifname = ifname
+        self.peers = tuple(peers) if peers is not None else None
         self.link = link
         self.job = job
         self.want_ingress = ingress
@@ -346,11 +341,18 @@ class ShapedNic:
 
     def __enter__(self) -> ShapedNic:
         self.info = info = inspect_nic(self.ifname)
-        self.notes += check_nic(info)
+        self.notes += check_nic(info, peers_only=self.peers is not None)
+        if self.peers is not None:
+            self.notes.append(
+                f"only traffic to and from the job's {len(self.peers)} other hosts is shaped "
+                f"and counted; everything else {self.ifname} carries shares the link unshaped")
         if info.mtu != self.link.mtu:
             self.notes.append(f"{self.ifname} has MTU {info.mtu} and the scenario's link "
                               f"{self.link.mtu}: netsim-ddp never changes a real NIC's MTU")
-        egress = egress_plan(self.link, self.netem_available)
+        try:
+            egress = egress_plan(self.link, self.netem_available, self.peers)
+        except NicPlanError as exc:
+            raise NicError(str(exc)) from None
         self._path = path = state_path(self.ifname)
         fd = _lock(path, wait=False)
         if fd is None:
@@ -365,7 +367,7 @@ class ShapedNic:
                 state = NicState(ifname=self.ifname, index=info.index,
                                  netns_inode=netns_inode(), netns_cookie=netns_cookie(),
                                  mac=info.mac, job=self.job, pid=os.getpid(),
-                                 before=before, egress_handles=[q.handle for q in egress])
+                                 before=before, egress_handles=[egress.root])
                 ingress = self._ingress_possible(ipr, before)
                 if ingress:
                     state.ifb, state.added_ingress = ifb_name(info.index), True
@@ -430,7 +432,7 @@ class ShapedNic:
         """What could not be put back exactly is refused here, before anything changes: our
         own qdiscs without a record, filters in the root tree, and any tree that does not come
         back exactly when rehearsed on a scratch device shaped like this NIC."""
-        ours = {EGRESS_HANDLE, EGRESS_CHILD_HANDLE}
+        ours = {EGRESS_HANDLE, EGRESS_CHILD_HANDLE, EGRESS_NETEM_HANDLE}
         if any(record.handle in ours for record in before.root):
             raise NicError(f"{self.ifname} already carries netsim-ddp's qdiscs (handle "
                            f"{_handle(EGRESS_HANDLE)}) but has no state file; remove them by "
@@ -475,14 +477,21 @@ class ShapedNic:
             return False
         return True
 
-    def _apply(self, ipr: IPRoute, index: int, egress: tuple[QdiscPlan, ...],
+    def _apply(self, ipr: IPRoute, index: int, egress: NicPlan,
                ingress: NicState | None) -> None:
-        for i, qdisc in enumerate(egress):
-            # The root is replaced in one call: no instant without shaping.
-            command = "replace" if i == 0 else "add"
-            placement = {"parent": qdisc.parent} if qdisc.parent is not None else {}
-            ipr.tc(command, qdisc.kind, index=index, handle=qdisc.handle, **placement,
+        root, *below = egress.qdiscs
+        # The root is replaced in one call: no instant without shaping (with peers, their
+        # class is complete before the filter that sends them there).
+        ipr.tc("replace", root.kind, index=index, handle=root.handle, **root.params)
+        for tc_class in egress.classes:
+            ipr.tc("add-class", "htb", index=index, handle=tc_class.handle,
+                   parent=tc_class.parent, **tc_class.params)
+        for qdisc in below:
+            ipr.tc("add", qdisc.kind, index=index, handle=qdisc.handle, parent=qdisc.parent,
                    **qdisc.params)
+        for match in egress.filters:
+            ipr.tc("add-filter", "u32", index=index, parent=match.parent, prio=FILTER_PRIO,
+                   protocol=ETH_P_IP, target=match.target, keys=match.keys)
         if ingress is None or ingress.ifb is None:
             return
         ipr.link("add", ifname=ingress.ifb, kind="ifb")
@@ -491,10 +500,15 @@ class ShapedNic:
         ipr.tc("add", shaper.kind, index=ifb, handle=shaper.handle, **shaper.params)
         ipr.link("set", index=ifb, state="up")
         ipr.tc("add", "ingress", index=index, handle=INGRESS_HANDLE)
-        ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
-               protocol=ETH_P_ALL, target=0x10000, keys=["0x0/0x0+0"],
-               action=[{"kind": "mirred", "direction": "egress", "action": "redirect",
-                        "ifindex": ifb}])
+        redirect = [{"kind": "mirred", "direction": "egress", "action": "redirect",
+                     "ifindex": ifb}]
+        peers = ingress_filters(INGRESS_HANDLE, self.peers)
+        if peers is None:  # everything received
+            ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
+                   protocol=ETH_P_ALL, target=0x10000, keys=["0x0/0x0+0"], action=redirect)
+        for match in peers or ():  # only what the peers send
+            ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
+                   protocol=ETH_P_IP, target=match.target, keys=match.keys, action=redirect)
         self.ingress_shaped = True
 
     def shaping(self) -> dict[str, Any]:
@@ -505,7 +519,9 @@ class ShapedNic:
             ifb = ipr.link_lookup(ifname=self.state.ifb) if self.state.ifb else []
             ingress = _tbf_rate(ipr, ifb[0]) if ifb and self.ingress_shaped else None
         return {"nic": self.ifname, "egress_bps": egress, "ingress_bps": ingress,
-                "ifb": self.state.ifb if self.ingress_shaped else None, "notes": self.notes}
+                "ifb": self.state.ifb if self.ingress_shaped else None,
+                "peers": list(self.peers) if self.peers is not None else None,
+                "notes": self.notes}
 
 
 def ifb_available(ipr: IPRoute) -> bool:

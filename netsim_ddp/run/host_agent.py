@@ -7,7 +7,9 @@ Over the store the agents
 
 1. say hello (node rank, hostname, NIC address, a digest of the scenario they were given):
    a node that never arrives within --join-timeout ends every agent's run, named;
-2. shape their own NIC to their node's link (fabric/nic.py: recorded first, restored exactly);
+2. shape their own NIC to their node's link for the traffic to and from the other hosts only
+   (fabric/nic.py, nic_plan.py: recorded first, restored exactly; the rest of the NIC's
+   traffic passes unshaped and uncounted);
 3. measure their clock's offset to node 0's (netsim_ddp.common.clock), so every timestamp of the
    job (measured windows, background byte series, each rank's steps) is on one clock;
 4. run phases: node 0 runs the very code `netsim-ddp run` runs (runner.probe_and_train and
@@ -400,8 +402,11 @@ class HostAgent:
         link = options.scenario.link_for(options.node_rank)
         netem = link.impaired and probe_capabilities().netem
         outcome: ScenarioReport | str | None = None
+        # Only the job's traffic: to and from the other hosts' addresses (their hellos).
+        peers = [hello["address"] for rank, hello in sorted(control.hellos.items())
+                 if rank != options.node_rank]
         nic = ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
-                        netem_available=netem)
+                        netem_available=netem, peers=peers)
         try:
             with nic:
                 self.nic = nic

@@ -27,3 +27,11 @@ def mq_host(needs_fabric):
     """One host whose NIC has four transmit queues, so an `mq` root applies to it."""
     with simulated_hosts(1, queues=4) as hosts:
         yield hosts[0]
+
+
+@pytest.fixture
+def job_and_outsider(needs_fabric):
+    """Two hosts of a job and a third on the same switch that is not part of it (storage,
+    another job), at addresses that do not sort in host order."""
+    with simulated_hosts(2, outsiders=1, last_octets=[9, 10, 11]) as hosts:
+        yield hosts

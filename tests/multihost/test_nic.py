@@ -16,6 +16,8 @@ from netsim_ddp import Scenario
 from netsim_ddp.fabric import nic as nic_module
 from netsim_ddp.fabric import tc_tree
 from netsim_ddp.fabric.nic import NicError, NicRestoreError, ShapedNic, state_path
+from netsim_ddp.fabric.own_link import counted_qdisc
+from netsim_ddp.fabric.qdisc_stats import basic_counts
 
 pytestmark = [pytest.mark.netns]
 
@@ -224,3 +226,74 @@ def test_a_tree_that_would_not_come_back_exactly_is_found_by_the_rehearsal(one_h
         assert "refused" in problem
         assert not [link for link in ipr.get_links()
                     if link.get_attr("IFLA_IFNAME").startswith("nsdrh")]  # scratch removed
+
+
+SINK = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+connection, _ = server.accept()
+while connection.recv(1 << 16):
+    pass
+connection.close()
+"""
+SEND = """
+import socket, sys, time
+started = time.monotonic()
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as sock:
+    sock.sendall(bytes(int(sys.argv[3])))
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)  # the sink closes once it has read everything
+print(time.monotonic() - started)
+"""
+
+
+def transfer(source, destination, size: int) -> float:
+    """Seconds for `size` bytes from one simulated host to another over TCP, delivered."""
+    sink = destination.popen([sys.executable, "-c", SINK, destination.address],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        sent = source.run([sys.executable, "-c", SEND, destination.address, port, size],
+                          capture_output=True, text=True, check=True, timeout=60)
+        sink.wait(timeout=30)
+        return float(sent.stdout)
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+def counted_bytes(host) -> int:
+    with host.entered(), IPRoute() as ipr:
+        msg = counted_qdisc(ipr, ipr.link_lookup(ifname=NIC)[0])
+        return basic_counts(msg)[0]
+
+
+def test_only_the_jobs_traffic_is_shaped_and_counted(job_and_outsider, measure_until):
+    """Host 0 shaped for its peer (host 1): what it sends to and receives from the peer takes
+    the link's time and is counted; what it exchanges with the outsider (host 2) passes at
+    the NIC's pace and is not counted."""
+    h0, h1, outsider = job_and_outsider
+    size, rate = 2_000_000, 50e6
+    link_s = size * 8 / rate  # 0.32 s at the link's rate
+    slow = Scenario.from_dict({"name": "peers", "topology": {"nodes": 1},
+                               "link": {"rate": "50mbit"}}).link_for(0)
+    before = h0.tc_dump()
+    with h0.entered():
+        shaped = ShapedNic(NIC, slow, job="test", peers=[h1.address]).__enter__()
+    try:
+        assert shaped.shaping()["peers"] == [h1.address]
+        counted = counted_bytes(h0)
+        assert transfer(h0, h1, size) >= 0.9 * link_s  # egress, shaped
+        assert counted_bytes(h0) - counted >= size
+        assert transfer(h1, h0, size) >= 0.9 * link_s  # ingress, shaped
+        counted = counted_bytes(h0)
+        for source, destination in ((h0, outsider), (outsider, h0)):
+            took = measure_until(lambda s=source, d=destination: transfer(s, d, size),
+                                 lambda seconds: seconds < 0.3 * link_s)
+            assert took < 0.3 * link_s, (source.address, destination.address, took)
+        assert counted_bytes(h0) - counted < 10_000  # the outsider's bytes are not the job's
+    finally:
+        with h0.entered():
+            shaped.__exit__(None, None, None)
+    assert h0.tc_dump() == before
