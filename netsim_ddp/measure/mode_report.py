@@ -42,11 +42,18 @@ class ModeReport:
         if self.result.stragglers is None:
             return None
         rows = []
+        nodes = self.rank_nodes()
         for straggler in self.result.stragglers:
-            index = straggler.rank // self.ranks_per_node
+            index = nodes.get(straggler.rank, straggler.rank // self.ranks_per_node)
             node = self.node_names[index] if index < len(self.node_names) else None
             rows.append(StragglerRow(rank=straggler.rank, node=node, wait_s=straggler.wait_s))
         return rows
+
+    def rank_nodes(self) -> dict[int, int]:
+        """Each global rank's node, as the ranks recorded it (node_rank); torchrun's c10d
+        rendezvous does not number ranks node by node, so rank // ranks_per_node would name
+        the wrong host. Empty for results that did not record it."""
+        return {r.rank: r.node_rank for r in self.result.ranks if r.node_rank is not None}
 
     def straggler_summary(self) -> StragglerSummary | None:
         """Which rank straggled most often, and the median wait it caused."""

@@ -81,6 +81,7 @@ from netsim_ddp.workload.launch import (
 )
 from netsim_ddp.workload.nccl import rank_log_lines
 from netsim_ddp.workload.placement import Placement, place
+from netsim_ddp.workload.window import NODE_RANK_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -681,7 +682,8 @@ class HostAgent:
         """What this host's torchrun and ranks get for a phase: the phase's settings, the NIC
         for gloo and for NCCL, the job marker, this host's GPUs."""
         return rank_env(self.options.nic, {**local, NIC_ENV: self.options.nic,
-                                           JOB_ENV: self.job, **self._node_env()})
+                                           JOB_ENV: self.job, **self._node_env(),
+                                           NODE_RANK_ENV: str(self.options.node_rank)})
 
     def _node_env(self) -> dict[str, str]:
         """This host's ranks' GPUs and NCCL settings: NCCL pinned to --nic, sockets only."""
