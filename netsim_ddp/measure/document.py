@@ -118,6 +118,7 @@ class LinkBytesRecord(Record):
 
     rank: int
     hostname: str | None = None
+    node_rank: int | None = None  # the scenario's node (None: not recorded by the ranks)
     sent_bytes: float
     sent_packets: float
     window_s: float

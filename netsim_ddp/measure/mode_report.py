@@ -129,7 +129,7 @@ class ModeReport:
 def link_bytes(result: ModeResult) -> list[LinkBytesRecord]:
     """What each node's NIC sent in the measured window, by the rank that read it (each
     node's local rank 0): every host's own counters, as they were gathered."""
-    return [LinkBytesRecord(rank=rank.rank, hostname=rank.hostname,
+    return [LinkBytesRecord(rank=rank.rank, hostname=rank.hostname, node_rank=rank.node_rank,
                             sent_bytes=end["sent_bytes"] - start["sent_bytes"],
                             sent_packets=end["sent_packets"] - start["sent_packets"],
                             window_s=end["monotonic_s"] - start["monotonic_s"])

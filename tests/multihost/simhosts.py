@@ -122,3 +122,38 @@ def simulated_hosts(count: int, *, queues: int = 1, last_octets: list[int] | Non
 
 def netsim_ddp(*args) -> list[str]:
     return [sys.executable, "-m", "netsim_ddp.cli", *map(str, args)]
+
+
+SINK = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+connection, _ = server.accept()
+while connection.recv(1 << 16):
+    pass
+connection.close()
+"""
+SEND = """
+import socket, sys, time
+started = time.monotonic()
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as sock:
+    sock.sendall(bytes(int(sys.argv[3])))
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)  # the sink closes once it has read everything
+print(time.monotonic() - started)
+"""
+
+
+def transfer(source, destination, size: int) -> float:
+    """Seconds for `size` bytes from one simulated host to another over TCP, delivered."""
+    sink = destination.popen([sys.executable, "-c", SINK, destination.address],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        sent = source.run([sys.executable, "-c", SEND, destination.address, port, size],
+                          capture_output=True, text=True, check=True, timeout=60)
+        sink.wait(timeout=30)
+        return float(sent.stdout)
+    finally:
+        sink.kill()
+        sink.wait()

@@ -10,7 +10,7 @@ import sys
 import pytest
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
-from simhosts import NIC, netsim_ddp
+from simhosts import NIC, netsim_ddp, transfer
 
 from netsim_ddp import Scenario
 from netsim_ddp.fabric import nic as nic_module
@@ -226,41 +226,6 @@ def test_a_tree_that_would_not_come_back_exactly_is_found_by_the_rehearsal(one_h
         assert "refused" in problem
         assert not [link for link in ipr.get_links()
                     if link.get_attr("IFLA_IFNAME").startswith("nsdrh")]  # scratch removed
-
-
-SINK = """
-import socket, sys
-server = socket.create_server((sys.argv[1], 0))
-print(server.getsockname()[1], flush=True)
-connection, _ = server.accept()
-while connection.recv(1 << 16):
-    pass
-connection.close()
-"""
-SEND = """
-import socket, sys, time
-started = time.monotonic()
-with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as sock:
-    sock.sendall(bytes(int(sys.argv[3])))
-    sock.shutdown(socket.SHUT_WR)
-    sock.recv(1)  # the sink closes once it has read everything
-print(time.monotonic() - started)
-"""
-
-
-def transfer(source, destination, size: int) -> float:
-    """Seconds for `size` bytes from one simulated host to another over TCP, delivered."""
-    sink = destination.popen([sys.executable, "-c", SINK, destination.address],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        port = sink.stdout.readline().strip()
-        sent = source.run([sys.executable, "-c", SEND, destination.address, port, size],
-                          capture_output=True, text=True, check=True, timeout=60)
-        sink.wait(timeout=30)
-        return float(sent.stdout)
-    finally:
-        sink.kill()
-        sink.wait()
 
 
 def counted_bytes(host) -> int:
