@@ -63,6 +63,7 @@ from .tc_tree import (
     replay,
     root_filters,
     scratch_ifb,
+    scratch_name,
     snapshot,
 )
 
@@ -321,9 +322,10 @@ class ShapedNic:
     """Context manager: `ifname` shaped to `link` for the block, restored exactly after it."""
 
     def __init__(self, ifname: str, link: EffectiveLink, *, job: str, ingress: bool = True,
-                 netem_available: bool = False, peers: Sequence[str] | None = None):
+                 netem_available: bool | None = None, peers: Sequence[str] | None = None):
         """`peers`: the job's other hosts' IPv4 addresses: only traffic to and from them is
-        shaped and counted (None: everything on the NIC)."""
+        shaped and counted (None: everything on the NIC). `netem_available`: None to probe
+        this namespace's kernel when the link needs netem."""
         self.ifname = ifname
         self.peers = tuple(peers) if peers is not None else None
         self.link = link
@@ -349,6 +351,11 @@ class ShapedNic:
         if info.mtu != self.link.mtu:
             self.notes.append(f"{self.ifname} has MTU {info.mtu} and the scenario's link "
                               f"{self.link.mtu}: netsim-ddp never changes a real NIC's MTU")
+        problems = privilege_problems()
+        if problems:
+            raise NicError(f"shaping {self.ifname} needs " + " and ".join(problems))
+        if self.netem_available is None:
+            self.netem_available = self.link.impaired and netem_available_here()
         try:
             egress = egress_plan(self.link, self.netem_available, self.peers)
         except NicPlanError as exc:
@@ -522,6 +529,63 @@ class ShapedNic:
                 "ifb": self.state.ifb if self.ingress_shaped else None,
                 "peers": list(self.peers) if self.peers is not None else None,
                 "notes": self.notes}
+
+
+def qdisc_available_here(kind: str, **params: Any) -> bool:
+    """Does this kernel take a `kind` qdisc? Tried on a scratch veth pair in this very
+    namespace (the NIC's): CAP_NET_ADMIN there is all it needs, unlike a probe in a namespace
+    of its own (CAP_SYS_ADMIN), which a NET_ADMIN-only pod would fail and read as "no"."""
+    name = scratch_name("qp")
+    with IPRoute() as ipr:
+        try:
+            ipr.link("add", ifname=name, kind="veth", peer={"ifname": name + "p"})
+        except NetlinkError as exc:
+            raise NicError(f"cannot make a scratch veth to probe for {kind} ({exc}): "
+                           "netsim-ddp host needs CAP_NET_ADMIN in the NIC's namespace") from None
+        try:
+            (index,) = ipr.link_lookup(ifname=name)
+            ipr.tc("add", kind, index=index, handle=0x10000, **params)
+            return True
+        except NetlinkError:
+            return False
+        finally:
+            with contextlib.suppress(NetlinkError, IndexError):
+                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
+
+
+def netem_available_here() -> bool:
+    return qdisc_available_here("netem", delay=1000)
+
+
+CAP_NET_ADMIN = 12
+
+
+def privilege_problems(uid: int | None = None, effective_caps: int | None = None,
+                       record_dir: Path | None = None) -> list[str]:
+    """What keeps this process from shaping a NIC and restoring it (empty: nothing).
+    It needs CAP_NET_ADMIN in the NIC's network namespace (its qdiscs, an ifb and scratch
+    devices there) and the right to write the NIC's record where `netsim-ddp clean` looks for
+    it (/run/netsim-ddp: root). CAP_SYS_ADMIN is not needed: nothing is made outside the
+    NIC's namespace."""
+    uid = os.getuid() if uid is None else uid
+    caps = _effective_caps() if effective_caps is None else effective_caps
+    record_dir = naming.lock_dir() if record_dir is None else record_dir
+    problems = []
+    if not caps >> CAP_NET_ADMIN & 1:
+        problems.append("CAP_NET_ADMIN in the NIC's network namespace (run as root, or give "
+                        "the container NET_ADMIN)")
+    existing = next(p for p in (record_dir, *record_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        problems.append(f"write access to {record_dir}, where each NIC's record is kept for "
+                        "`netsim-ddp clean` (run as root)")
+    return problems
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
 
 
 def ifb_available(ipr: IPRoute) -> bool:

@@ -58,10 +58,17 @@ from netsim_ddp.fabric.background import (
     EndReport,
     assemble,
 )
-from netsim_ddp.fabric.capabilities import probe_capabilities
 from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.netns import libc
-from netsim_ddp.fabric.nic import JOB_ENV, NicRestoreError, ShapedNic, check_nic, inspect_nic
+from netsim_ddp.fabric.nic import (
+    JOB_ENV,
+    NicError,
+    NicRestoreError,
+    ShapedNic,
+    check_nic,
+    inspect_nic,
+    privilege_problems,
+)
 from netsim_ddp.fabric.own_link import NIC_ENV
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.scenario.spec import Scenario
@@ -334,6 +341,10 @@ class HostAgent:
     def run(self) -> ScenarioReport | str:
         """Node 0: the report. Other nodes: the job's status as node 0 published it."""
         validate(self.options)
+        problems = privilege_problems()  # before any agent waits on us
+        if problems:
+            raise NicError(f"netsim-ddp host on {self.options.nic} needs "
+                           + " and ".join(problems))
         self.placement = host_placement(self.options)  # refused before anything changes
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
@@ -401,13 +412,11 @@ class HostAgent:
     def _shaped_run(self, control: Control) -> ScenarioReport | str:
         options = self.options
         link = options.scenario.link_for(options.node_rank)
-        netem = link.impaired and probe_capabilities().netem
         outcome: ScenarioReport | str | None = None
         # Only the job's traffic: to and from the other hosts' addresses (their hellos).
         peers = [hello["address"] for rank, hello in sorted(control.hellos.items())
                  if rank != options.node_rank]
-        nic = ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
-                        netem_available=netem, peers=peers)
+        nic = ShapedNic(options.nic, link, job=self.job, ingress=options.ingress, peers=peers)
         try:
             with nic:
                 self.nic = nic

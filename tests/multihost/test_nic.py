@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from pyroute2 import IPRoute
@@ -262,3 +265,52 @@ def test_only_the_jobs_traffic_is_shaped_and_counted(job_and_outsider, measure_u
         with h0.entered():
             shaped.__exit__(None, None, None)
     assert h0.tc_dump() == before
+
+
+PROBE_WITHOUT_SYS_ADMIN = """
+from netsim_ddp.fabric.nic import privilege_problems, qdisc_available_here
+print(qdisc_available_here("tbf", rate="1mbit", burst=4000, limit=30000),
+      qdisc_available_here("nsdnosuchqdisc"), privilege_problems())
+"""
+
+
+def test_probes_need_only_net_admin_in_the_nics_namespace(one_host):
+    """A NET_ADMIN-only pod (root in its container, no CAP_SYS_ADMIN) cannot create a
+    namespace of its own, so a probe there read every qdisc, netem included, as missing."""
+    before = one_host.tc_dump()
+    probed = one_host.run(["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "--",
+                           sys.executable, "-c", PROBE_WITHOUT_SYS_ADMIN],
+                          capture_output=True, text=True)
+    assert probed.returncode == 0, probed.stderr
+    assert probed.stdout.split() == ["True", "False", "[]"]
+    assert one_host.tc_dump() == before  # scratch devices only, removed
+
+
+def test_a_user_without_the_privileges_is_told_which_and_nothing_changes(one_host, tmp_path):
+    """Not root: no traceback on /run/netsim-ddp, but what is missing, before anything."""
+    shared = Path(tempfile.mkdtemp(prefix="nsd-i24-"))
+    shared.chmod(0o755)
+    try:
+        scenario = shared / "one.toml"
+        scenario.write_text('name = "one"\n[topology]\nnodes = 1\n[link]\nrate = "1gbit"\n'
+                            '[workload]\nparams = "1M"\n')
+        scenario.chmod(0o644)
+        (shared / "o").mkdir(mode=0o777)
+        (shared / "o").chmod(0o777)  # the user's own --out
+        before = one_host.tc_dump()
+        host = ["host", scenario, "--node-rank", 0, "--nnodes", 1, "--master-addr",
+                one_host.address, "--master-port", 29533, "--nic", NIC, "--out", shared / "o"]
+        for caps, missing in (([], ["CAP_NET_ADMIN", "write access to /run/netsim-ddp"]),
+                              (["--inh-caps=+net_admin", "--ambient-caps=+net_admin"],
+                               ["write access to /run/netsim-ddp"])):
+            result = one_host.run(["setpriv", "--reuid=65534", "--regid=65534",
+                                   "--clear-groups", *caps, "--", *netsim_ddp(*host)],
+                                  capture_output=True, text=True, cwd=shared)
+            assert result.returncode == 1, result.stderr
+            assert "Traceback" not in result.stderr, result.stderr[-2000:]
+            for what in missing:
+                assert what in result.stderr, result.stderr
+            assert ("CAP_NET_ADMIN" in result.stderr) == ("CAP_NET_ADMIN" in missing)
+        assert one_host.tc_dump() == before
+    finally:
+        shutil.rmtree(shared)
