@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -314,3 +316,39 @@ def test_a_user_without_the_privileges_is_told_which_and_nothing_changes(one_hos
         assert one_host.tc_dump() == before
     finally:
         shutil.rmtree(shared)
+
+
+def test_a_leftover_probe_device_does_not_read_as_no_ifb(one_host):
+    """The ifb probe had a fixed name: another agent's probe, or a leftover, made it fail
+    (EEXIST) and ingress went unshaped without a word."""
+    one_host.run(["ip", "link", "add", "nsdifbprobe", "type", "ifb"], check=True)
+    with one_host.entered():
+        with ShapedNic(NIC, LINK, job="test") as shaped:
+            assert shaped.shaping()["ingress_bps"] == pytest.approx(300e6), shaped.notes
+
+
+def test_a_second_sigterm_waits_for_the_restore(one_host, monkeypatch):
+    """A scheduler's second SIGTERM (or a second Ctrl-C) arriving mid-restore: the restore
+    finishes, then the signal ends the agent."""
+    install(one_host, "pfifo")
+    before = one_host.tc_dump()
+    real_restore = nic_module._restore
+
+    def restore_under_fire(ipr, state):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives before the first step
+        real_restore(ipr, state)
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(nic_module, "_restore", restore_under_fire)
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        with one_host.entered(), pytest.raises(SystemExit):
+            with ShapedNic(NIC, LINK, job="test"):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert one_host.tc_dump() == before
+    with one_host.entered():
+        assert not state_path(NIC).exists()
