@@ -220,6 +220,7 @@ class PlacementRecord(Record):
     host_gpus: dict[str, Any] = Field(default_factory=dict)
     refused: str | None = None
     note: str | None = None
+    nccl_pinned: dict[str, str] | None = None  # what the harness pinned (NCCL_ALGO, ...)
     summary: str = ""
 
 

@@ -92,11 +92,24 @@ def refused_user_settings(environ: Mapping[str, str]) -> list[str]:
     return reasons
 
 
+# NCCL picks ring or tree, and a protocol, per message size; with several ranks per node their
+# bytes between nodes differ by up to 1.75x (fp16 buckets are half the size, so a mode may get
+# another algorithm than fp32): pinned, so the wire bytes are what the ring predicts, unless
+# the user chose.
+PINNED = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+
+
+def pinned_by_harness(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the harness pins (the user's own NCCL_ALGO / NCCL_PROTO win)."""
+    return {name: value for name, value in PINNED.items() if not environ.get(name)}
+
+
 def merged_env(environ: Mapping[str, str], run_id: str, node_name: str,
                ifname: str = NODE_IFNAME) -> dict[str, str]:
     """The node's NCCL settings over the user's harmless ones; the debug subsystems the
-    harness needs are added to any the user asked for."""
-    env = node_env(run_id, node_name, ifname)
+    harness needs are added to any the user asked for; ring and the simple protocol unless
+    the user set NCCL_ALGO or NCCL_PROTO."""
+    env = node_env(run_id, node_name, ifname) | pinned_by_harness(environ)
     user = [s for s in environ.get("NCCL_DEBUG_SUBSYS", "").split(",") if s.strip()]
     if user:
         env["NCCL_DEBUG_SUBSYS"] = ",".join(dict.fromkeys([*user, *DEBUG_SUBSYSTEMS]))

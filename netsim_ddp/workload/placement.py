@@ -23,6 +23,7 @@ class Placement:
     gpus: GpuAssignment | None = None  # None: the ranks run on the CPU
     refused: str | None = None  # why this host cannot run the scenario as asked
     note: str | None = None  # why 'auto' did not pick NCCL
+    pinned: dict[str, str] | None = None  # NCCL settings the harness chose (ring, simple)
 
     def node_env(self, run_id: str, node_names: Sequence[str],
                  environ: Mapping[str, str] | None = None,
@@ -46,6 +47,9 @@ class Placement:
         text = f"backend {self.backend}"
         if self.requested == "auto":
             text += " (auto" + (f": {self.note})" if self.note else ")")
+        if self.backend == "nccl" and self.pinned:
+            text += (" pinned to " + ", ".join(f"{k}={v}" for k, v in self.pinned.items())
+                     + " (the bytes between nodes as the ring predicts; set them to choose)")
         return text + (f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU")
 
     def as_dict(self) -> dict[str, object]:
@@ -53,7 +57,7 @@ class Placement:
                 "gpus": self.gpus.as_dict() if self.gpus else None,
                 "shared_gpus": bool(self.gpus and self.gpus.shared),
                 "host_gpus": self.inventory.as_dict(), "refused": self.refused,
-                "note": self.note, "summary": self.describe()}
+                "note": self.note, "nccl_pinned": self.pinned, "summary": self.describe()}
 
 
 def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory | None = None,
@@ -82,4 +86,5 @@ def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory 
         return Placement(requested, "nccl", inventory, gpus, refused=(
             "NCCL settings in the environment would break the emulation: "
             + "; ".join(settings)))
-    return Placement(requested, "nccl", inventory, gpus)
+    return Placement(requested, "nccl", inventory, gpus,
+                     pinned=nccl.pinned_by_harness(environ))
