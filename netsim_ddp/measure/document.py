@@ -217,6 +217,7 @@ class PlacementRecord(Record):
     backend: str
     gpus: dict[str, Any] | None = None
     shared_gpus: bool = False
+    shared_gpu_note: str | None = None  # what sharing does to the times, when GPUs are shared
     host_gpus: dict[str, Any] = Field(default_factory=dict)
     refused: str | None = None
     note: str | None = None

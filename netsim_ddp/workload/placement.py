@@ -14,6 +14,9 @@ from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload import nccl
 from netsim_ddp.workload.gpus import GpuAssignment, GpuError, GpuInventory, assign_gpus, probe_gpus
 
+SHARED_GPU_NOTE = ("ranks sharing a GPU time-slice it: their compute and communication times "
+                   "include waiting for each other's kernels, not only the network")
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -50,12 +53,16 @@ class Placement:
         if self.backend == "nccl" and self.pinned:
             text += (" pinned to " + ", ".join(f"{k}={v}" for k, v in self.pinned.items())
                      + " (the bytes between nodes as the ring predicts; set them to choose)")
-        return text + (f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU")
+        text += f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU"
+        if self.gpus is not None and self.gpus.shared:
+            text += f"; {SHARED_GPU_NOTE}"
+        return text
 
     def as_dict(self) -> dict[str, object]:
         return {"requested": self.requested, "backend": self.backend,
                 "gpus": self.gpus.as_dict() if self.gpus else None,
                 "shared_gpus": bool(self.gpus and self.gpus.shared),
+                "shared_gpu_note": SHARED_GPU_NOTE if self.gpus and self.gpus.shared else None,
                 "host_gpus": self.inventory.as_dict(), "refused": self.refused,
                 "note": self.note, "nccl_pinned": self.pinned, "summary": self.describe()}
 
@@ -75,7 +82,8 @@ def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory 
         return Placement(requested, "nccl", inventory, refused=(
             f"workload.backend = 'nccl' needs CUDA GPUs and NCCL: {inventory.missing}"))
     try:
-        gpus = assign_gpus(nodes, per_node, inventory.count, workload.share_gpus)
+        gpus = assign_gpus(nodes, per_node, inventory.count, workload.share_gpus,
+                           inventory.compute_modes)
     except GpuError as exc:
         if requested == "auto":
             return Placement(requested, "gloo", inventory, note=str(exc))
