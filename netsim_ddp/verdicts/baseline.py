@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -75,7 +75,7 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                 "stats": _stats(r.iteration_s),
                 "extra_info": {"netsim_ddp": {
                     "scenario": report.scenario.name, "digest": scenario_digest(report),
-                    "backend": r.backend, "mode": mode, "iteration_s": r.iteration_s,
+                    "backend": _backend(r), "mode": mode, "iteration_s": r.iteration_s,
                     "comm_s": r.comm_s, "compute_s": r.compute_s, "collective_s": r.collective_s,
                     "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
             })
@@ -201,8 +201,8 @@ class Baseline:
                 verdicts.append(Verdict(f"baseline:{mode}", False,
                                         f"{name}[{mode}]: not in baseline {self.path}"))
                 continue
-            backend = current.result.backend
-            if entry.backend is not None and entry.backend != backend:
+            backend = _backend(current.result)
+            if None not in (entry.backend, backend) and entry.backend != backend:
                 # 'auto' picks NCCL on a GPU host: gloo and NCCL numbers are never compared.
                 verdicts.append(Verdict(
                     f"baseline:{mode}", False,
@@ -221,6 +221,12 @@ class Baseline:
                 verdicts.append(Verdict(verdict.name, verdict.passed, verdict.detail + note,
                                         verdict.p_value))
         return verdicts
+
+
+def _backend(result: Any) -> str | None:
+    """The backend a mode's ranks used; None for a result built without one (model_construct
+    in tests and tools that fill only the series)."""
+    return getattr(result, "backend", None)
 
 
 def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float] | None:
