@@ -21,12 +21,20 @@
 # Usage, from the repository root on the GPU host:
 #   bench/nccl_check.sh [WHEELS_DIR]           (default: wheels/)
 # Environment: PYTHON (default python3) to install onto; NSD_PYTHON to use a Python that
-# already has netsim-ddp (skips step 1); NSD_OUT (default nccl-check/) for the results.
+# already has netsim-ddp (skips step 1); NSD_OUT (default nccl-check/) for the results;
+# NSD_VENV and NSD_SITE (default .venv-gpu/, .nsd-site/) for what step 1 makes;
+# NSD_SETUP_ONLY=1 to stop after step 1 (says which Python it would use, and why).
+# Exit status: 0 the run passed; 1 a STOP (the finding is printed) or the run failed;
+# 2 the wheels are missing; 124 the run ran past its time (its JSON and logs are kept).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 WHEELS=${1:-wheels}
 OUT=${NSD_OUT:-nccl-check}
+VENV=${NSD_VENV:-.venv-gpu}
+SITE=${NSD_SITE:-.nsd-site}
+RUN_TIMEOUT=330    # the harness's own limit on the ranks: it then writes its JSON
+HARD_TIMEOUT=390   # the backstop, should the harness itself hang
 SCENARIO=scenarios/nccl-shared-gpu.toml
 mkdir -p "$OUT"
 start=$SECONDS
@@ -50,14 +58,26 @@ else
         exit 2
     fi
     deps=("pyroute2>=0.9.7,<0.10" "pydantic>=2.6,<3" "click>=8.1" "rich>=13" numpy scipy)
-    if "$python" -m venv --system-site-packages .venv-gpu 2>/dev/null; then
-        PY=.venv-gpu/bin/python
+    # --system-site-packages gives the venv the *base* interpreter's packages: when python3 is
+    # itself a venv (or torch sits in its user site), torch is not among them. So torch must
+    # import in the new venv, or the plain folder is used instead.
+    if "$python" -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)' \
+            && "$python" -m venv --system-site-packages "$VENV" 2>/dev/null \
+            && "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+        PY=$VENV/bin/python
         target=()
-    else  # no venv/ensurepip on the host: a plain folder on PYTHONPATH (the ranks inherit it)
-        say "python -m venv is unavailable here: installing into .nsd-site/ instead"
+        say "installing into $VENV/ (a venv that sees the host's torch)"
+    else  # no venv/ensurepip, or a venv without the host's torch: a folder on PYTHONPATH
+        rm -rf "$VENV"
+        say "a venv here would not see $python's torch: installing into $SITE/ instead"
         PY=$python
-        target=(--target .nsd-site)
-        export PYTHONPATH="$PWD/.nsd-site${PYTHONPATH:+:$PYTHONPATH}"
+        target=(--target "$SITE")
+        case $SITE in /*) site_path=$SITE ;; *) site_path=$PWD/$SITE ;; esac
+        export PYTHONPATH="$site_path${PYTHONPATH:+:$PYTHONPATH}"  # the ranks inherit it
+    fi
+    if [[ -n "${NSD_SETUP_ONLY:-}" ]]; then
+        say "setup only: would use $PY ${target[*]}"
+        exit 0
     fi
     "$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps "${target[@]}" "$project"
     # What the host has (torch, numpy...) satisfies these in a venv; the rest comes from wheels.
@@ -86,14 +106,29 @@ fi
 say "run $SCENARIO (probe, then 4 modes under NCCL)"
 status=0
 # --allow-untrusted: the probe's verdict is printed either way; the numbers are the point.
-timeout --signal=TERM 390 "$PY" -m netsim_ddp.cli run "$SCENARIO" --allow-untrusted \
-    --json "$OUT/run.json" --out "$OUT/run" || status=$?
-say "netsim-ddp run exited $status"
-if [[ -f "$OUT/run.json" ]]; then
-    "$PY" bench/nccl_summary.py "$OUT/run.json"
+# --timeout: the harness kills hung ranks itself and still writes its JSON (with the error);
+# the outer timeout (SIGTERM, then SIGKILL) only catches a harness that hangs.
+timeout --signal=TERM --kill-after=30 "$HARD_TIMEOUT" "$PY" -m netsim_ddp.cli run "$SCENARIO" \
+    --allow-untrusted --timeout "$RUN_TIMEOUT" --json "$OUT/run.json" --out "$OUT/run" \
+    || status=$?
+if [[ $status -eq 124 || $status -eq 137 ]]; then
+    say "netsim-ddp run ran past ${HARD_TIMEOUT}s and was stopped"
+    status=124
 else
-    echo "no results written; the run's logs are under $OUT/run/" >&2
-    tail -n 40 "$OUT"/run/train/logs/*.torchrun.log 2>/dev/null || true
+    say "netsim-ddp run exited $status"
 fi
-say "done"
+if [[ -f "$OUT/run.json" ]]; then
+    "$PY" bench/nccl_summary.py "$OUT/run.json" || true
+else
+    # The run's own folder is $OUT/run/run-<id>/ (`latest` points at it); logs per launch.
+    echo "no results written; the run's logs:" >&2
+    found=0
+    while IFS= read -r log; do
+        found=1
+        echo "--- $log" >&2
+        tail -n 40 "$log" >&2
+    done < <(find "$OUT/run/" -name '*.torchrun.log' 2>/dev/null | sort)
+    [[ $found -eq 1 ]] || echo "(no rank logs under $OUT/run/: the run stopped before any launch)" >&2
+fi
+say "done (exit $status)"
 exit "$status"

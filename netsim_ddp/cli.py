@@ -834,11 +834,18 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 
 @main.command()
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed; writes nothing.")
-def clean(dry_run: bool) -> None:
+@click.option("--forget-nic", metavar="NIC",
+              help="Drop the records of killed agents' NIC of this name without restoring it "
+                   "(after you put the NIC right by hand); nothing else is cleaned.")
+def clean(dry_run: bool, forget_nic: str | None) -> None:
     """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
-    killed `host` agents; live runs and agents are spared."""
+    killed `host` agents; live runs and agents are spared. Exit 1 if a NIC is left changed."""
     from .fabric.stale import clean_stale_runs
 
+    if forget_nic is not None:
+        if not _clean_nics(dry_run, forget_nic):
+            out.print(f"no record of a killed agent names {escape(forget_nic)}")
+        return
     report = clean_stale_runs(dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for name in report.removed:
@@ -856,10 +863,13 @@ def clean(dry_run: bool) -> None:
     nics = _clean_nics(dry_run)
     if not (report.removed or report.killed_processes or report.removed_locks or nics):
         out.print("nothing to clean")
+    if any(nic.left_changed for nic in nics):
+        sys.exit(EXIT_FAILED)
 
 
-def _clean_nics(dry_run: bool) -> int:
-    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded."""
+def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
+    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded (or their
+    records forgotten)."""
     from .fabric.nic import recorded_nics, restore_stale_nics
     from .fabric.privilege import host_root
 
@@ -867,19 +877,24 @@ def _clean_nics(dry_run: bool) -> int:
         if recorded := recorded_nics():
             out.print(f"root's `host` agents recorded {len(recorded)} NICs: only root can tell "
                       "whether an agent was killed and restore its NIC (`sudo netsim-ddp clean`)")
-        return 0
-    found = restore_stale_nics(dry_run=dry_run)
+        return []
+    found = restore_stale_nics(dry_run=dry_run, forget=forget)
     for nic in found:
         where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"
-        if nic.done:
-            out.print(f"restored {where} as its agent recorded it"
-                      + (f"; killed {nic.killed_processes} of its processes"
-                         if nic.killed_processes else ""))
-        elif dry_run:
-            out.print(f"would restore {where}")
+        line = {"restored": f"restored {where} as its agent recorded it"
+                            + (f"; killed {nic.killed_processes} of its processes"
+                               if nic.killed_processes else ""),
+                "would-restore": f"would restore {where}",
+                "gone": f"dropped the record of {where}: {nic.error}",
+                "would-drop": f"would drop the record of {where}: {nic.error}",
+                "forgotten": f"forgot the record of {where}; the NIC was not touched",
+                "would-forget": f"would forget the record of {where}"}.get(nic.outcome)
+        if line is not None:
+            out.print(escape(line), soft_wrap=True)
         else:
-            err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}")
-    return len(found)
+            err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}",
+                      soft_wrap=True)
+    return found
 
 
 def _warn_about_stale_runs() -> None:

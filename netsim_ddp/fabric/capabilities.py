@@ -6,6 +6,7 @@ feature is probed by creating the object for real, once per process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -51,7 +52,7 @@ class Capabilities:
 def _try(action) -> bool:
     try:
         action()
-    except NetlinkError:
+    except (NetlinkError, OSError):  # gVisor and kin answer some netlink calls with OSError
         return False
     return True
 
@@ -62,6 +63,8 @@ def probe_capabilities() -> Capabilities:
         mode = privilege.ensure_network_privilege()
     except privilege.PrivilegeError as exc:
         return Capabilities.unavailable("none", str(exc))
+    except OSError as exc:  # a kernel that half-supports user namespaces (gVisor)
+        return Capabilities.unavailable("none", f"cannot set up a user namespace: {exc}")
     run_id = naming.new_run_id()
     name = naming.netns_name(run_id, "probe")
     lock = naming.RunLock(run_id)
@@ -74,9 +77,14 @@ def probe_capabilities() -> Capabilities:
     try:
         with netns.entered(name), IPRoute() as ipr:
             kernel = _probe_kernel(ipr, mode)
+    except OSError as exc:  # no netlink to speak of (gVisor): reported, not a traceback
+        kernel = Capabilities.unavailable(mode, f"netlink in a network namespace failed: {exc}")
     finally:
-        netns.remove(name)
+        with contextlib.suppress(OSError):
+            netns.remove(name)
         lock.release()
+    if not kernel.namespaces:
+        return kernel
     try:
         delayline.build_binary()
     except delayline.DelayLineBuildError as exc:

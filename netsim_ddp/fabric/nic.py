@@ -23,47 +23,64 @@ error that names it, and the state file stays for `netsim-ddp clean`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import os
+import signal
 import socket
-import struct
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute
-from pyroute2.netlink import (
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_EXCL,
-    NLM_F_REPLACE,
-    NLM_F_REQUEST,
-    nlmsg,
-)
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS, TC_H_ROOT
+from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from netsim_ddp.scenario.spec import EffectiveLink
 
 from . import naming, netns, privilege
 from .errors import FabricError
-from .plan import QdiscPlan, netem, tbf
+from .nic_plan import (
+    EGRESS_CHILD_HANDLE,
+    EGRESS_HANDLE,
+    EGRESS_NETEM_HANDLE,
+    ETH_P_IP,
+    NicPlan,
+    NicPlanError,
+    egress_plan,
+    ingress_filters,
+)
+from .plan import tbf
+from .tc_tree import (
+    TC_H_INGRESS,
+    NicSnapshot,
+    TcRecord,
+    TreeError,
+    describe_handle,
+    rehearse,
+    replay,
+    root_filters,
+    scratch_ifb,
+    scratch_name,
+    snapshot,
+)
 
-STATE_VERSION = 1
-TC_H_INGRESS = 0xFFFFFFF1  # where ingress and clsact qdiscs hang
+# The tree's record lives in tc_tree.py, the plan in nic_plan.py.
+__all__ = ["EGRESS_HANDLE", "NicSnapshot", "TcRecord", "egress_plan", "snapshot"]
+
+STATE_VERSION = 2  # 2: the record names its namespace (cookie) and NIC (MAC) beyond the inode
 INGRESS_HANDLE = 0xFFFF0000
-# Our qdiscs' handles ("NS", "NT"): chosen so they cannot be mistaken for the NIC's own.
-EGRESS_HANDLE = 0x4E530000
-EGRESS_CHILD_HANDLE = 0x4E540000
 FILTER_PRIO = 49152  # our redirect filter's priority on the ingress qdisc we add
 ETH_P_ALL = 0x0003
 IFF_UP = 0x1
 IFF_LOOPBACK = 0x8
+SO_NETNS_COOKIE = 71  # Linux >= 5.14: a namespace's id, never reused while the host is up
 STATE_PREFIX = "nic-"
 JOB_ENV = "NETSIM_DDP_HOST_JOB"  # marks every process an agent starts, for `clean`
+# Signals that must not cut a restore short (a scheduler's second SIGTERM, a second Ctrl-C).
+RESTORE_BLOCKS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class NicError(FabricError):
@@ -74,123 +91,7 @@ class NicRestoreError(NicError):
     """The NIC did not come back as recorded; its state file is kept for `netsim-ddp clean`."""
 
 
-# -- what the kernel reports ----------------------------------------------------------------
-
-
-class _RawTc(nlmsg):
-    """A tcmsg whose options travel as the kernel's own bytes, so a recorded qdisc or class
-    is sent back exactly as it was dumped (pyroute2's per-kind encoders rebuild them from
-    keywords, which can drop what they do not know)."""
-
-    prefix = "TCA_"
-    fields = (("family", "B"), ("pad1", "B"), ("pad2", "H"), ("index", "i"),
-              ("handle", "I"), ("parent", "I"), ("info", "I"))
-    nla_map = (("TCA_UNSPEC", "none"), ("TCA_KIND", "asciiz"), ("TCA_OPTIONS", "cdata"),
-               ("TCA_STATS", "none"), ("TCA_XSTATS", "none"), ("TCA_RATE", "cdata"),
-               ("TCA_FCNT", "none"), ("TCA_STATS2", "none"), ("TCA_STAB", "cdata"))
-
-
-@dataclass(frozen=True)
-class TcRecord:
-    """One qdisc or class as the kernel dumped it; options are TCA_OPTIONS' payload, in hex."""
-
-    kind: str
-    handle: int
-    parent: int
-    options: str | None = None
-    stab: str | None = None
-
-    def describe(self) -> str:
-        return (f"{self.kind} {_handle(self.handle)} parent {_handle(self.parent)}"
-                + (f" options {self.options}" if self.options else ""))
-
-
-TCA_OPTIONS, TCA_STAB = 2, 8
-_NLMSG_AND_TCMSG = 16 + 20  # struct nlmsghdr + struct tcmsg
-
-
-def _raw_attrs(msg) -> dict[int, bytes]:
-    """A tcmsg's top-level attributes as the kernel sent them, by type (pyroute2 decodes
-    options only for the kinds it knows, and a decoded value cannot be sent back as it was)."""
-    buffer = bytes(msg.data[msg.offset:msg.offset + msg["header"]["length"]])
-    attrs, position = {}, _NLMSG_AND_TCMSG
-    while position + 4 <= len(buffer):
-        length, kind = struct.unpack_from("<HH", buffer, position)
-        if length < 4:
-            break
-        attrs[kind & 0x3FFF] = buffer[position + 4:position + length]
-        position += (length + 3) & ~3
-    return attrs
-
-
-def _record(msg) -> TcRecord:
-    raw = _raw_attrs(msg)
-    options, stab = raw.get(TCA_OPTIONS), raw.get(TCA_STAB)
-    return TcRecord(kind=msg.get_attr("TCA_KIND"), handle=msg["handle"], parent=msg["parent"],
-                    options=options.hex() if options else None, stab=stab.hex() if stab else None)
-
-
-def _handle(value: int) -> str:
-    if value == TC_H_ROOT:
-        return "root"
-    return f"{value >> 16:x}:{value & 0xFFFF:x}"
-
-
-@dataclass(frozen=True)
-class NicSnapshot:
-    """A NIC's root qdisc tree and its ingress qdisc."""
-
-    root: tuple[TcRecord, ...]  # root first, then the rest in the order the kernel dumps them
-    classes: tuple[TcRecord, ...]
-    ingress: TcRecord | None
-
-    @property
-    def default_root(self) -> bool:
-        """The kernel's own default (noqueue, pfifo_fast, mq...): handle 0."""
-        return not self.root or self.root[0].handle == 0
-
-    def differences(self, other: NicSnapshot) -> list[str]:
-        found = []
-        for what, mine, theirs in (("qdiscs", self.root, other.root),
-                                   ("classes", self.classes, other.classes),
-                                   ("ingress", (self.ingress,), (other.ingress,))):
-            if sorted(map(repr, mine)) != sorted(map(repr, theirs)):
-                found.append(f"{what}: recorded "
-                             + ("; ".join(r.describe() for r in mine if r) or "none")
-                             + ", now " + ("; ".join(r.describe() for r in theirs if r) or "none"))
-        return found
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"root": [asdict(r) for r in self.root],
-                "classes": [asdict(r) for r in self.classes],
-                "ingress": asdict(self.ingress) if self.ingress else None}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NicSnapshot:
-        return cls(root=tuple(TcRecord(**r) for r in data["root"]),
-                   classes=tuple(TcRecord(**r) for r in data["classes"]),
-                   ingress=TcRecord(**data["ingress"]) if data["ingress"] else None)
-
-
-def snapshot(ipr: IPRoute, index: int) -> NicSnapshot:
-    qdiscs = list(ipr.get_qdiscs(index=index))
-    ingress = [_record(m) for m in qdiscs if m["parent"] == TC_H_INGRESS]
-    tree = [_record(m) for m in qdiscs if m["parent"] != TC_H_INGRESS]
-    tree.sort(key=lambda r: r.parent != TC_H_ROOT)  # the root first
-    classes = [_record(m) for m in ipr.get_classes(index=index)]
-    return NicSnapshot(tuple(tree), tuple(classes), ingress[0] if ingress else None)
-
-
-def _root_filters(ipr: IPRoute, index: int, tree: tuple[TcRecord, ...]) -> list[str]:
-    """Filters hanging in the root tree: restoring those exactly is beyond what tc allows
-    (u32 handles are the kernel's), so a NIC that has them is refused before it changes."""
-    found = []
-    for qdisc in tree:
-        if qdisc.handle:
-            with contextlib.suppress(NetlinkError):  # a classless qdisc takes no filters
-                found += [f"{f.get_attr('TCA_KIND')} on {_handle(qdisc.handle)}"
-                          for f in ipr.get_filters(index=index, parent=qdisc.handle)]
-    return sorted(set(found))
+_handle = describe_handle
 
 
 # -- the NIC itself --------------------------------------------------------------------------
@@ -205,6 +106,9 @@ class NicInfo:
     mtu: int
     addresses: tuple[str, ...]  # IPv4
     default_route: bool  # carries this namespace's IPv4 default route
+    mac: str | None = None
+    tx_queues: int = 1
+    txqlen: int = 1000
 
 
 def inspect_nic(ifname: str) -> NicInfo:
@@ -222,11 +126,15 @@ def inspect_nic(ifname: str) -> NicInfo:
                       for route in ipr.get_routes(family=socket.AF_INET, table=254))
     return NicInfo(ifname=ifname, index=found[0], up=bool(link["flags"] & IFF_UP),
                    loopback=bool(link["flags"] & IFF_LOOPBACK) or ifname == "lo",
-                   mtu=link.get_attr("IFLA_MTU"), addresses=addresses, default_route=default)
+                   mtu=link.get_attr("IFLA_MTU"), addresses=addresses, default_route=default,
+                   mac=link.get_attr("IFLA_ADDRESS"),
+                   tx_queues=link.get_attr("IFLA_NUM_TX_QUEUES") or 1,
+                   txqlen=link.get_attr("IFLA_TXQLEN") or 0)
 
 
-def check_nic(info: NicInfo) -> list[str]:
-    """Refuse what cannot be a cluster NIC; return warnings for what should be looked at."""
+def check_nic(info: NicInfo, peers_only: bool = False) -> list[str]:
+    """Refuse what cannot be a cluster NIC; return warnings for what should be looked at.
+    `peers_only`: only the job's traffic will be shaped (ShapedNic's peers)."""
     if info.loopback:
         raise NicError(f"--nic {info.ifname}: a loopback interface carries no traffic between "
                        "hosts; name the NIC the hosts reach each other through")
@@ -236,7 +144,7 @@ def check_nic(info: NicInfo) -> list[str]:
     if not info.addresses:
         raise NicError(f"--nic {info.ifname}: the interface has no IPv4 address, so the "
                        "training cannot be pinned to it")
-    if info.default_route:
+    if info.default_route and not peers_only:
         return [f"{info.ifname} carries this host's default route: everything the host sends "
                 "that way (ssh, storage, monitoring) is shaped too while the run lasts, and "
                 "counted in the wire bytes"]
@@ -255,24 +163,18 @@ def netns_inode() -> int:
     return os.stat("/proc/thread-self/ns/net").st_ino
 
 
+def netns_cookie() -> int | None:
+    """This network namespace's cookie: unlike its inode, never given to another namespace
+    while the host is up (None before Linux 5.14)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8),
+                                  "little")
+    except OSError:
+        return None
+
+
 # -- the plan --------------------------------------------------------------------------------
-
-
-def egress_plan(link: EffectiveLink, netem_available: bool) -> tuple[QdiscPlan, ...]:
-    """tbf at the root; netem above it when the link has delay, jitter or loss."""
-    if not link.impaired:
-        return (tbf(link, EGRESS_HANDLE, None),)
-    if not netem_available:
-        raise NicError(
-            "the scenario's link has delay, jitter or loss, which on a real NIC needs the "
-            "kernel's netem qdisc (sch_netem, CONFIG_NET_SCH_NETEM), and this kernel has none: "
-            "load sch_netem (modprobe sch_netem), or run the scenario without delay, jitter "
-            "and loss (the userspace delay line only exists between emulated nodes)")
-    if link.jitter_distribution != "uniform":
-        raise NicError(f"link.jitter_distribution = {link.jitter_distribution!r} needs netem's "
-                       "distribution tables, which pyroute2 cannot load; use 'uniform'")
-    top = netem(link, EGRESS_HANDLE)
-    return (top, tbf(link, EGRESS_CHILD_HANDLE, EGRESS_HANDLE | 1))
 
 
 def ifb_name(index: int) -> str:
@@ -299,10 +201,13 @@ class NicState:
     egress_handles: list[int] = field(default_factory=list)
     ifb: str | None = None  # the ifb device made for ingress shaping
     added_ingress: bool = False  # the ingress qdisc is ours (no other software had one)
+    netns_cookie: int | None = None  # None: recorded where the kernel gives no cookie
+    mac: str | None = None
 
     def write(self, path: Path) -> None:
         data = {"version": STATE_VERSION, "ifname": self.ifname, "index": self.index,
-                "netns_inode": self.netns_inode, "job": self.job, "pid": self.pid,
+                "netns_inode": self.netns_inode, "netns_cookie": self.netns_cookie,
+                "mac": self.mac, "job": self.job, "pid": self.pid,
                 "recorded_at": time.time(), "before": self.before.as_dict(),
                 "egress_handles": self.egress_handles, "ifb": self.ifb,
                 "added_ingress": self.added_ingress}
@@ -316,26 +221,46 @@ class NicState:
     @classmethod
     def read(cls, path: Path) -> NicState:
         data = json.loads(path.read_text())
-        if data.get("version") != STATE_VERSION:
+        if data.get("version") not in (1, STATE_VERSION):  # 1: without cookie and MAC
             raise NicError(f"{path}: state version {data.get('version')}, expected "
-                           f"{STATE_VERSION}; restore this NIC by hand")
+                           f"{STATE_VERSION}; restore this NIC by hand, then "
+                           f"`netsim-ddp clean --forget-nic {data.get('ifname')}`")
         return cls(ifname=data["ifname"], index=data["index"], netns_inode=data["netns_inode"],
                    job=data["job"], pid=data["pid"],
                    before=NicSnapshot.from_dict(data["before"]),
                    egress_handles=data["egress_handles"], ifb=data["ifb"],
-                   added_ingress=data["added_ingress"])
+                   added_ingress=data["added_ingress"],
+                   netns_cookie=data.get("netns_cookie"), mac=data.get("mac"))
+
+    def stranger(self) -> str | None:
+        """Why this record is not of the NIC it names in the namespace we are in (its
+        namespace is gone and another got its inode, or its NIC is gone and another got its
+        name); None if it is that NIC's."""
+        if self.netns_inode != netns_inode():
+            return "its network namespace is gone"
+        cookie = netns_cookie()
+        if None not in (cookie, self.netns_cookie) and cookie != self.netns_cookie:
+            return ("its network namespace is gone (another namespace has its inode now, "
+                    "a different cookie)")
+        with IPRoute() as ipr:
+            links = ipr.link_lookup(ifname=self.ifname)
+            link = ipr.get_links(links[0])[0] if links else None
+        if link is None:
+            return f"{self.ifname} is gone"
+        if link["index"] != self.index or (self.mac is not None
+                                           and link.get_attr("IFLA_ADDRESS") != self.mac):
+            return (f"{self.ifname} is another NIC now (index {link['index']}, MAC "
+                    f"{link.get_attr('IFLA_ADDRESS')}; recorded: index {self.index}, MAC "
+                    f"{self.mac})")
+        return None
 
 
 def _lock(path: Path, wait: bool) -> int | None:
-    """An flock on the state's lock file: held while an agent shapes the NIC."""
+    """An flock on the state's lock file: held while an agent shapes the NIC. Re-checked to
+    still be the file at the path once held (naming._flock_current): a lock file its holder
+    unlinked meanwhile proves nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return naming._flock_current(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, wait)
 
 
 def _unlock(path: Path, fd: int) -> None:
@@ -347,32 +272,6 @@ def _unlock(path: Path, fd: int) -> None:
 # -- shaping and restoring -------------------------------------------------------------------
 
 
-def _send_raw(ipr: IPRoute, msg_type: int, index: int, record: TcRecord, flags: int) -> None:
-    msg = _RawTc()
-    msg["family"] = socket.AF_UNSPEC
-    msg["index"] = index
-    msg["handle"] = record.handle
-    msg["parent"] = record.parent
-    attrs: list[tuple[str, object]] = [("TCA_KIND", record.kind)]
-    if record.options is not None:
-        attrs.append(("TCA_OPTIONS", _accepted_options(record)))
-    if record.stab is not None:
-        attrs.append(("TCA_STAB", bytes.fromhex(record.stab)))
-    msg["attrs"] = attrs
-    msg["header"]["type"] = msg_type
-    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | flags
-    ipr.nlm_request_batch([msg])
-
-
-def _accepted_options(record: TcRecord) -> bytes:
-    """The dumped options, fixed where the kernel dumps what it refuses to be given."""
-    raw = bytearray.fromhex(record.options or "")
-    if record.kind == "htb" and len(raw) >= 8 and struct.unpack_from("<H", raw, 2)[0] == 2:
-        # TCA_HTB_INIT first: dumped with version 0x30011, accepted only as the major, 3.
-        struct.pack_into("<I", raw, 4, struct.unpack_from("<I", raw, 4)[0] >> 16)
-    return bytes(raw)
-
-
 def _restore_root(ipr: IPRoute, index: int, state: NicState) -> None:
     roots = [m for m in ipr.get_qdiscs(index=index) if m["parent"] == TC_H_ROOT]
     current = roots[0]["handle"] if roots else 0
@@ -381,40 +280,62 @@ def _restore_root(ipr: IPRoute, index: int, state: NicState) -> None:
     before = state.before
     if before.default_root:
         ipr.tc("del", index=index, handle=current, parent=TC_H_ROOT)  # the kernel's default
-        return
-    root, *children = before.root
-    _send_raw(ipr, RTM_NEWQDISC, index, root, NLM_F_CREATE | NLM_F_REPLACE)
-    for tc_class in sorted(before.classes, key=lambda c: c.parent != root.handle):
-        _send_raw(ipr, RTM_NEWTCLASS, index, tc_class, NLM_F_CREATE | NLM_F_EXCL)
-    for child in children:
-        if child.handle:  # handle 0: a default the kernel attached by itself again
-            _send_raw(ipr, RTM_NEWQDISC, index, child, NLM_F_CREATE | NLM_F_EXCL)
+        if not before.explicit:
+            return
+    replay(ipr, index, before, keep_root=before.default_root)
 
 
 def _restore(ipr: IPRoute, state: NicState) -> None:
-    """Undo what `state` says was done, step by step; each step is a no-op when not needed."""
+    """Undo what `state` says was done, step by step (each a no-op when not needed), every
+    step tried; then the NIC is compared with the record. Any failure is a NicRestoreError
+    naming every step that failed and every difference left."""
+    problems: list[str] = []
     if state.ifb:
-        found = ipr.link_lookup(ifname=state.ifb)
-        if found:
-            ipr.link("del", index=found[0])
+        try:
+            found = ipr.link_lookup(ifname=state.ifb)
+            if found:
+                ipr.link("del", index=found[0])
+        except NetlinkError as exc:
+            problems.append(f"removing {state.ifb}: {exc}")
     if state.added_ingress:
-        with contextlib.suppress(NetlinkError):  # ENOENT/EINVAL: never added
+        try:
             ipr.tc("del", "ingress", index=state.index, handle=INGRESS_HANDLE,
                    parent=TC_H_INGRESS)
-    _restore_root(ipr, state.index, state)
+        except NetlinkError as exc:
+            if exc.code not in (errno.ENOENT, errno.EINVAL):  # never added, or gone
+                problems.append(f"removing the ingress qdisc: {exc}")
+    try:
+        _restore_root(ipr, state.index, state)
+    except (NetlinkError, TreeError) as exc:
+        problems.append(f"putting the root tree back: {exc}")
     now = snapshot(ipr, state.index)
-    differences = state.before.differences(now)
-    if differences:
+    problems += state.before.differences(now)
+    if problems:
         raise NicRestoreError(f"{state.ifname} did not come back as recorded: "
-                              + " | ".join(differences))
+                              + " | ".join(problems))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """The signals that end an agent wait until the block is over: a second SIGTERM or Ctrl-C
+    must not cut a restore in half. They are delivered after it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, RESTORE_BLOCKS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class ShapedNic:
     """Context manager: `ifname` shaped to `link` for the block, restored exactly after it."""
 
     def __init__(self, ifname: str, link: EffectiveLink, *, job: str, ingress: bool = True,
-                 netem_available: bool = False):
+                 netem_available: bool | None = None, peers: Sequence[str] | None = None):
+        """`peers`: the job's other hosts' IPv4 addresses: only traffic to and from them is
+        shaped and counted (None: everything on the NIC). `netem_available`: None to probe
+        this namespace's kernel when the link needs netem."""
         self.ifname = ifname
+        self.peers = tuple(peers) if peers is not None else None
         self.link = link
         self.job = job
         self.want_ingress = ingress
@@ -423,16 +344,30 @@ class ShapedNic:
         self.state: NicState | None = None
         self.ingress_shaped = False
         self.notes: list[str] = []  # what was not done, and why
+        self.restored = False  # the NIC is back as recorded
+        self.restore_error: str | None = None  # why it is not: its record stays for `clean`
         self._path: Path | None = None
         self._lock_fd: int | None = None
 
     def __enter__(self) -> ShapedNic:
         self.info = info = inspect_nic(self.ifname)
-        self.notes += check_nic(info)
+        self.notes += check_nic(info, peers_only=self.peers is not None)
+        if self.peers is not None:
+            self.notes.append(
+                f"only traffic to and from the job's {len(self.peers)} other hosts is shaped "
+                f"and counted; everything else {self.ifname} carries shares the link unshaped")
         if info.mtu != self.link.mtu:
             self.notes.append(f"{self.ifname} has MTU {info.mtu} and the scenario's link "
                               f"{self.link.mtu}: netsim-ddp never changes a real NIC's MTU")
-        egress = egress_plan(self.link, self.netem_available)
+        problems = privilege_problems()
+        if problems:
+            raise NicError(f"shaping {self.ifname} needs " + " and ".join(problems))
+        if self.netem_available is None:
+            self.netem_available = self.link.impaired and netem_available_here()
+        try:
+            egress = egress_plan(self.link, self.netem_available, self.peers)
+        except NicPlanError as exc:
+            raise NicError(str(exc)) from None
         self._path = path = state_path(self.ifname)
         fd = _lock(path, wait=False)
         if fd is None:
@@ -440,14 +375,14 @@ class ShapedNic:
                            f"(see {path}); one agent per NIC")
         try:
             if path.exists():
-                raise NicError(f"{self.ifname} is still shaped by an agent that was killed "
-                               f"({path}); run `netsim-ddp clean` to restore it first")
+                self._forget_a_strangers_record(path)
             with IPRoute() as ipr:
                 before = snapshot(ipr, info.index)
-                self._refuse_unrestorable(ipr, info.index, before)
+                self._refuse_unrestorable(ipr, info, before)
                 state = NicState(ifname=self.ifname, index=info.index,
-                                 netns_inode=netns_inode(), job=self.job, pid=os.getpid(),
-                                 before=before, egress_handles=[q.handle for q in egress])
+                                 netns_inode=netns_inode(), netns_cookie=netns_cookie(),
+                                 mac=info.mac, job=self.job, pid=os.getpid(),
+                                 before=before, egress_handles=[egress.root])
                 ingress = self._ingress_possible(ipr, before)
                 if ingress:
                     state.ifb, state.added_ingress = ifb_name(info.index), True
@@ -467,32 +402,78 @@ class ShapedNic:
     def __exit__(self, *exc_info) -> None:
         self._close()
 
+    @property
+    def left_changed(self) -> bool:
+        """Did a restore fail (the NIC is not as it was; its record stays for `clean`)?"""
+        return self.restore_error is not None
+
+    def _forget_a_strangers_record(self, path: Path) -> None:
+        """A record at our path with its lock free: a killed agent's of this very NIC (refused:
+        `clean` must restore it first), or one of a namespace or NIC that is gone (inodes and
+        names are reused), which is litter: dropped, with a note."""
+        try:
+            recorded = NicState.read(path)
+        except (OSError, ValueError, KeyError) as exc:
+            raise NicError(f"{path} is unreadable ({exc}): check {self.ifname} by hand, then "
+                           f"`netsim-ddp clean --forget-nic {self.ifname}`") from None
+        why = recorded.stranger()
+        if why is None:
+            raise NicError(f"{self.ifname} is still shaped by an agent that was killed "
+                           f"({path}); run `netsim-ddp clean` to restore it first")
+        path.unlink()
+        self.notes.append(f"dropped {path.name}, a record of agent pid {recorded.pid}: {why}")
+
     def _close(self) -> None:
         state, fd, self.state, self._lock_fd = self.state, self._lock_fd, None, None
         if state is None or fd is None:
             return
         assert self._path is not None
-        try:
-            with IPRoute() as ipr:
-                _restore(ipr, state)
-        except BaseException:
-            os.close(fd)  # the state file stays: `netsim-ddp clean` can try again
-            raise
-        self._path.unlink()
-        _unlock(self._path, fd)
+        with _signals_held():
+            try:
+                with IPRoute() as ipr:
+                    _restore(ipr, state)
+            except BaseException as exc:
+                os.close(fd)  # the state file stays: `netsim-ddp clean` can try again
+                detail = (str(exc) if isinstance(exc, NicRestoreError) else
+                          f"{self.ifname} could not be restored: {type(exc).__name__}: {exc}")
+                self.restore_error = (f"{detail} (its record is kept for `netsim-ddp clean`: "
+                                      f"{self._path})")
+                raise NicRestoreError(self.restore_error) from exc
+            self._path.unlink()
+            _unlock(self._path, fd)
+        self.restored = True
 
-    def _refuse_unrestorable(self, ipr: IPRoute, index: int, before: NicSnapshot) -> None:
-        ours = {EGRESS_HANDLE, EGRESS_CHILD_HANDLE}
+    def _refuse_unrestorable(self, ipr: IPRoute, info: NicInfo, before: NicSnapshot) -> None:
+        """What could not be put back exactly is refused here, before anything changes: our
+        own qdiscs without a record, filters in the root tree, and any tree that does not come
+        back exactly when rehearsed on a scratch device shaped like this NIC."""
+        ours = {EGRESS_HANDLE, EGRESS_CHILD_HANDLE, EGRESS_NETEM_HANDLE}
         if any(record.handle in ours for record in before.root):
             raise NicError(f"{self.ifname} already carries netsim-ddp's qdiscs (handle "
                            f"{_handle(EGRESS_HANDLE)}) but has no state file; remove them by "
                            f"hand (tc qdisc del dev {self.ifname} root) and start again")
-        filters = _root_filters(ipr, index, before.root)
+        filters = root_filters(ipr, info.index, before.root)
         if filters:
             raise NicError(f"{self.ifname} has tc filters under its root qdisc ("
                            + ", ".join(filters) + "); netsim-ddp could not put them back "
                            "exactly, so it leaves this NIC alone: shape another NIC, or remove "
                            "them for the run")
+        if before.default_root and before.root and before.root[0].kind == "noqueue":
+            return  # deleting our root gives noqueue back: nothing to rehearse
+        try:
+            differences = rehearse(ipr, before, tx_queues=info.tx_queues, txqlen=info.txqlen,
+                                   mtu=info.mtu)
+        except NetlinkError as exc:
+            if not before.explicit:
+                return  # the kernel's default: it attaches it again itself
+            raise NicError(f"{self.ifname}'s qdisc tree could not be rehearsed on a scratch "
+                           f"ifb device ({exc}), so netsim-ddp cannot tell that it would "
+                           "come back exactly; it leaves this NIC alone") from None
+        if differences:
+            raise NicError(f"{self.ifname}'s qdisc tree would not come back exactly after the "
+                           "run (rehearsed on a scratch device: " + " | ".join(differences)
+                           + "); netsim-ddp leaves this NIC alone: shape another NIC, or "
+                           "simplify its tree for the run")
 
     def _ingress_possible(self, ipr: IPRoute, before: NicSnapshot) -> bool:
         if not self.want_ingress:
@@ -511,14 +492,21 @@ class ShapedNic:
             return False
         return True
 
-    def _apply(self, ipr: IPRoute, index: int, egress: tuple[QdiscPlan, ...],
+    def _apply(self, ipr: IPRoute, index: int, egress: NicPlan,
                ingress: NicState | None) -> None:
-        for i, qdisc in enumerate(egress):
-            # The root is replaced in one call: no instant without shaping.
-            command = "replace" if i == 0 else "add"
-            placement = {"parent": qdisc.parent} if qdisc.parent is not None else {}
-            ipr.tc(command, qdisc.kind, index=index, handle=qdisc.handle, **placement,
+        root, *below = egress.qdiscs
+        # The root is replaced in one call: no instant without shaping (with peers, their
+        # class is complete before the filter that sends them there).
+        ipr.tc("replace", root.kind, index=index, handle=root.handle, **root.params)
+        for tc_class in egress.classes:
+            ipr.tc("add-class", "htb", index=index, handle=tc_class.handle,
+                   parent=tc_class.parent, **tc_class.params)
+        for qdisc in below:
+            ipr.tc("add", qdisc.kind, index=index, handle=qdisc.handle, parent=qdisc.parent,
                    **qdisc.params)
+        for match in egress.filters:
+            ipr.tc("add-filter", "u32", index=index, parent=match.parent, prio=FILTER_PRIO,
+                   protocol=ETH_P_IP, target=match.target, keys=match.keys)
         if ingress is None or ingress.ifb is None:
             return
         ipr.link("add", ifname=ingress.ifb, kind="ifb")
@@ -527,10 +515,15 @@ class ShapedNic:
         ipr.tc("add", shaper.kind, index=ifb, handle=shaper.handle, **shaper.params)
         ipr.link("set", index=ifb, state="up")
         ipr.tc("add", "ingress", index=index, handle=INGRESS_HANDLE)
-        ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
-               protocol=ETH_P_ALL, target=0x10000, keys=["0x0/0x0+0"],
-               action=[{"kind": "mirred", "direction": "egress", "action": "redirect",
-                        "ifindex": ifb}])
+        redirect = [{"kind": "mirred", "direction": "egress", "action": "redirect",
+                     "ifindex": ifb}]
+        peers = ingress_filters(INGRESS_HANDLE, self.peers)
+        if peers is None:  # everything received
+            ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
+                   protocol=ETH_P_ALL, target=0x10000, keys=["0x0/0x0+0"], action=redirect)
+        for match in peers or ():  # only what the peers send
+            ipr.tc("add-filter", "u32", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO,
+                   protocol=ETH_P_IP, target=match.target, keys=match.keys, action=redirect)
         self.ingress_shaped = True
 
     def shaping(self) -> dict[str, Any]:
@@ -541,19 +534,76 @@ class ShapedNic:
             ifb = ipr.link_lookup(ifname=self.state.ifb) if self.state.ifb else []
             ingress = _tbf_rate(ipr, ifb[0]) if ifb and self.ingress_shaped else None
         return {"nic": self.ifname, "egress_bps": egress, "ingress_bps": ingress,
-                "ifb": self.state.ifb if self.ingress_shaped else None, "notes": self.notes}
+                "ifb": self.state.ifb if self.ingress_shaped else None,
+                "peers": list(self.peers) if self.peers is not None else None,
+                "notes": self.notes}
+
+
+def qdisc_available_here(kind: str, **params: Any) -> bool:
+    """Does this kernel take a `kind` qdisc? Tried on a scratch veth pair in this very
+    namespace (the NIC's): CAP_NET_ADMIN there is all it needs, unlike a probe in a namespace
+    of its own (CAP_SYS_ADMIN), which a NET_ADMIN-only pod would fail and read as "no"."""
+    name = scratch_name("qp")
+    with IPRoute() as ipr:
+        try:
+            ipr.link("add", ifname=name, kind="veth", peer={"ifname": name + "p"})
+        except NetlinkError as exc:
+            raise NicError(f"cannot make a scratch veth to probe for {kind} ({exc}): "
+                           "netsim-ddp host needs CAP_NET_ADMIN in the NIC's namespace") from None
+        try:
+            (index,) = ipr.link_lookup(ifname=name)
+            ipr.tc("add", kind, index=index, handle=0x10000, **params)
+            return True
+        except NetlinkError:
+            return False
+        finally:
+            with contextlib.suppress(NetlinkError, IndexError):
+                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
+
+
+def netem_available_here() -> bool:
+    return qdisc_available_here("netem", delay=1000)
+
+
+CAP_NET_ADMIN = 12
+
+
+def privilege_problems(uid: int | None = None, effective_caps: int | None = None,
+                       record_dir: Path | None = None) -> list[str]:
+    """What keeps this process from shaping a NIC and restoring it (empty: nothing).
+    It needs CAP_NET_ADMIN in the NIC's network namespace (its qdiscs, an ifb and scratch
+    devices there) and the right to write the NIC's record where `netsim-ddp clean` looks for
+    it (/run/netsim-ddp: root). CAP_SYS_ADMIN is not needed: nothing is made outside the
+    NIC's namespace."""
+    uid = os.getuid() if uid is None else uid
+    caps = _effective_caps() if effective_caps is None else effective_caps
+    record_dir = naming.lock_dir() if record_dir is None else record_dir
+    problems = []
+    if not caps >> CAP_NET_ADMIN & 1:
+        problems.append("CAP_NET_ADMIN in the NIC's network namespace (run as root, or give "
+                        "the container NET_ADMIN)")
+    existing = next(p for p in (record_dir, *record_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        problems.append(f"write access to {record_dir}, where each NIC's record is kept for "
+                        "`netsim-ddp clean` (run as root)")
+    return problems
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
 
 
 def ifb_available(ipr: IPRoute) -> bool:
-    """Try to make an ifb device (and remove it): the only sure test."""
-    name = f"{naming.PREFIX}ifbprobe"
+    """Try to make an ifb device of a name nobody else holds (and remove it): the only sure
+    test. A name another agent's probe or a leftover holds would read as "no ifb"."""
     try:
-        ipr.link("add", ifname=name, kind="ifb")
+        with scratch_ifb(ipr, "probe"):
+            return True
     except NetlinkError:
         return False
-    with contextlib.suppress(NetlinkError):
-        ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
-    return True
 
 
 def _tbf_rate(ipr: IPRoute, index: int) -> float | None:
@@ -573,9 +623,15 @@ class RestoredNic:
     ifname: str
     netns_inode: int
     pid: int
-    done: bool  # False: found, but could not be restored (see error) or a dry run
+    # restored; gone (its namespace or NIC is gone: record dropped); failed (see error: the
+    # NIC is left changed and its record kept); forgotten (--forget-nic); dry run: would-*
+    outcome: str
     killed_processes: int = 0
     error: str | None = None
+
+    @property
+    def left_changed(self) -> bool:
+        return self.outcome == "failed"
 
 
 def _netns_by_inode(inode: int) -> Path | None:
@@ -629,15 +685,19 @@ def recorded_nics() -> list[Path]:
     return sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.json"))
 
 
-def restore_stale_nics(dry_run: bool = False) -> list[RestoredNic]:
-    """Restore every NIC whose agent is gone (its lock is free), as its state file says."""
+def restore_stale_nics(dry_run: bool = False, forget: str | None = None) -> list[RestoredNic]:
+    """Restore every NIC whose agent is gone (its lock is free), as its state file says.
+    `forget`: drop the records of the NIC of that name instead, restoring nothing (after a
+    person put the NIC right by hand)."""
     results = []
     for path in recorded_nics():
         fd = _lock(path, wait=False)
         if fd is None:
             continue  # a live agent
         try:
-            results.append(_restore_stale(path, dry_run))
+            found = _restore_stale(path, dry_run, forget)
+            if found is not None:
+                results.append(found)
         finally:
             if path.exists():
                 os.close(fd)
@@ -646,28 +706,48 @@ def restore_stale_nics(dry_run: bool = False) -> list[RestoredNic]:
     return results
 
 
-def _restore_stale(path: Path, dry_run: bool) -> RestoredNic:
+def _restore_stale(path: Path, dry_run: bool, forget: str | None) -> RestoredNic | None:
     try:
         state = NicState.read(path)
     except (OSError, ValueError, KeyError, NicError) as exc:
-        return RestoredNic(path.name, 0, 0, done=False, error=f"{path}: unreadable: {exc}")
-    found = RestoredNic(state.ifname, state.netns_inode, state.pid, done=False)
-    where = _netns_by_inode(state.netns_inode)
-    if where is None:
-        found.error = "its network namespace is gone, and the NIC with it: nothing to restore"
+        if forget is not None and path.name.endswith(f"-{forget}.json"):
+            if not dry_run:
+                path.unlink()
+            return RestoredNic(forget, 0, 0, "would-forget" if dry_run else "forgotten")
+        return RestoredNic(path.name, 0, 0, "failed", error=f"{path}: unreadable: {exc}")
+    found = RestoredNic(state.ifname, state.netns_inode, state.pid, "failed")
+    if forget is not None:
+        if state.ifname != forget:
+            return None  # another NIC's: left as it is
+        found.outcome = "would-forget" if dry_run else "forgotten"
         if not dry_run:
             path.unlink()
         return found
-    if dry_run:
-        return found
+    where = _netns_by_inode(state.netns_inode)
     try:
-        with _entered(where):
+        if where is not None:
+            with _entered(where):
+                why = state.stranger()
+        else:
+            why = "its network namespace is gone"
+        if why is not None:
+            found.outcome, found.error = ("would-drop" if dry_run else "gone"), (
+                f"{why}, and with it what the agent changed: nothing to restore")
+            if not dry_run:
+                path.unlink()
+            return found
+        if dry_run:
+            found.outcome = "would-restore"
+            return found
+        assert where is not None
+        with _entered(where), _signals_held():
             found.killed_processes = kill_job_processes(state.job, state.netns_inode)
             with IPRoute() as ipr:
                 _restore(ipr, state)
-    except (NicError, NetlinkError, OSError) as exc:
-        found.error = str(exc)
+    except (NicError, NetlinkError, TreeError, OSError) as exc:
+        found.error = f"{exc} (record kept: {path}; once the NIC is right again, " \
+                      f"`netsim-ddp clean --forget-nic {state.ifname}` drops it)"
         return found
     path.unlink()
-    found.done = True
+    found.outcome = "restored"
     return found

@@ -15,6 +15,7 @@ from pyroute2 import IPRoute
 from netsim_ddp.common.clock import job_clock
 
 from . import naming
+from .nic_plan import EGRESS_CHILD_HANDLE, EGRESS_HANDLE
 from .qdisc_stats import basic_counts, root_qdisc
 
 NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
@@ -40,9 +41,20 @@ def mark_own_link(ifname: str | None = None) -> LinkMark | None:
         links = ipr.link_lookup(ifname=ifname)
         if not links:
             return None
-        msg = root_qdisc(ipr, links[0])
+        msg = counted_qdisc(ipr, links[0])
         counts = basic_counts(msg) if msg is not None else None
     return LinkMark(job_clock(), *counts) if counts else None
+
+
+def counted_qdisc(ipr: IPRoute, index: int):
+    """The qdisc whose counters are the node's wire bytes: the root, or, on a real NIC that
+    `netsim-ddp host` shapes for the job's peers only (fabric/nic_plan.py), the link's tbf
+    under the peers' class: the rest of the NIC's traffic is not the job's."""
+    root = root_qdisc(ipr, index)
+    if root is None or root["handle"] != EGRESS_HANDLE or root.get_attr("TCA_KIND") != "htb":
+        return root
+    return next((msg for msg in ipr.get_qdiscs(index=index)
+                 if msg["handle"] == EGRESS_CHILD_HANDLE), None)
 
 
 class LinkCounter:
@@ -56,10 +68,10 @@ class LinkCounter:
         self._index = links[0] if links else None
 
     def read(self) -> LinkMark | None:
-        """What the NIC's root qdisc has sent so far; None without such a NIC or qdisc."""
+        """What the NIC's counted qdisc (counted_qdisc) has sent so far; None without one."""
         if self._index is None:
             return None
-        msg = root_qdisc(self._ipr, self._index)
+        msg = counted_qdisc(self._ipr, self._index)
         counts = basic_counts(msg) if msg is not None else None
         return LinkMark(job_clock(), *counts) if counts else None
 

@@ -118,6 +118,7 @@ class LinkBytesRecord(Record):
 
     rank: int
     hostname: str | None = None
+    node_rank: int | None = None  # the scenario's node (None: not recorded by the ranks)
     sent_bytes: float
     sent_packets: float
     window_s: float
@@ -240,9 +241,11 @@ class PlacementRecord(Record):
     backend: str
     gpus: dict[str, Any] | None = None
     shared_gpus: bool = False
+    shared_gpu_note: str | None = None  # what sharing does to the times, when GPUs are shared
     host_gpus: dict[str, Any] = Field(default_factory=dict)
     refused: str | None = None
     note: str | None = None
+    nccl_pinned: dict[str, str] | None = None  # what the harness pinned (NCCL_ALGO, ...)
     summary: str = ""
 
 

@@ -42,11 +42,18 @@ class ModeReport:
         if self.result.stragglers is None:
             return None
         rows = []
+        nodes = self.rank_nodes()
         for straggler in self.result.stragglers:
-            index = straggler.rank // self.ranks_per_node
+            index = nodes.get(straggler.rank, straggler.rank // self.ranks_per_node)
             node = self.node_names[index] if index < len(self.node_names) else None
             rows.append(StragglerRow(rank=straggler.rank, node=node, wait_s=straggler.wait_s))
         return rows
+
+    def rank_nodes(self) -> dict[int, int]:
+        """Each global rank's node, as the ranks recorded it (node_rank); torchrun's c10d
+        rendezvous does not number ranks node by node, so rank // ranks_per_node would name
+        the wrong host. Empty for results that did not record it."""
+        return {r.rank: r.node_rank for r in self.result.ranks if r.node_rank is not None}
 
     def straggler_summary(self) -> StragglerSummary | None:
         """Which rank straggled most often, and the median wait it caused."""
@@ -129,7 +136,7 @@ class ModeReport:
 def link_bytes(result: ModeResult) -> list[LinkBytesRecord]:
     """What each node's NIC sent in the measured window, by the rank that read it (each
     node's local rank 0): every host's own counters, as they were gathered."""
-    return [LinkBytesRecord(rank=rank.rank, hostname=rank.hostname,
+    return [LinkBytesRecord(rank=rank.rank, hostname=rank.hostname, node_rank=rank.node_rank,
                             sent_bytes=end["sent_bytes"] - start["sent_bytes"],
                             sent_packets=end["sent_packets"] - start["sent_packets"],
                             window_s=end["monotonic_s"] - start["monotonic_s"])

@@ -7,7 +7,9 @@ Over the store the agents
 
 1. say hello (node rank, hostname, NIC address, a digest of the scenario they were given):
    a node that never arrives within --join-timeout ends every agent's run, named;
-2. shape their own NIC to their node's link (fabric/nic.py: recorded first, restored exactly);
+2. shape their own NIC to their node's link for the traffic to and from the other hosts only
+   (fabric/nic.py, nic_plan.py: recorded first, restored exactly; the rest of the NIC's
+   traffic passes unshaped and uncounted);
 3. measure their clock's offset to node 0's (netsim_ddp.common.clock), so every timestamp of the
    job (measured windows, background byte series, each rank's steps) is on one clock;
 4. run phases: node 0 runs the very code `netsim-ddp run` runs (runner.probe_and_train and
@@ -56,16 +58,17 @@ from netsim_ddp.fabric.background import (
     EndReport,
     assemble,
 )
-from netsim_ddp.fabric.capabilities import probe_capabilities
 from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.netns import libc
 from netsim_ddp.fabric.nic import (
     JOB_ENV,
+    NicError,
     NicRestoreError,
     ShapedNic,
     check_may_shape,
     check_nic,
     inspect_nic,
+    privilege_problems,
 )
 from netsim_ddp.fabric.own_link import NIC_ENV
 from netsim_ddp.run.runner import finish_report, probe_and_train
@@ -73,6 +76,7 @@ from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
+from netsim_ddp.workload.gpus import GpuInventory
 from netsim_ddp.workload.launch import (
     RANK_MODULE,
     agent_module,
@@ -83,6 +87,9 @@ from netsim_ddp.workload.launch import (
     rank_errors,
     read_results,
 )
+from netsim_ddp.workload.nccl import rank_log_lines
+from netsim_ddp.workload.placement import Placement, place
+from netsim_ddp.workload.window import NODE_RANK_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2
@@ -328,12 +335,18 @@ class HostAgent:
         self.address = ""
         self.clock_offset = 0.0  # to node 0's CLOCK_MONOTONIC (netsim_ddp.common.clock)
         self.traffic: BackgroundTraffic | None = None  # this host's ends of the flows
+        self.placement: Placement | None = None  # this host's backend and GPUs
 
     # -- the whole life of one agent ----------------------------------------------------------
 
     def run(self) -> ScenarioReport | str:
         """Node 0: the report. Other nodes: the job's status as node 0 published it."""
         validate(self.options)
+        problems = privilege_problems()  # before any agent waits on us
+        if problems:
+            raise NicError(f"netsim-ddp host on {self.options.nic} needs "
+                           + " and ".join(problems))
+        self.placement = host_placement(self.options)  # refused before anything changes
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
         check_may_shape(info.ifname)
@@ -353,7 +366,9 @@ class HostAgent:
 
     def _join(self, control: Control) -> None:
         options = self.options
+        assert self.placement is not None
         hello = {"hostname": self.hostname, "address": self.address, "nic": options.nic,
+                 "backend": self.placement.backend,
                  "digest": options.digest(), "pid": os.getpid()}
         key = f"{PREFIX}hello/{options.node_rank}"
         mine = json.dumps(hello)
@@ -378,6 +393,12 @@ class HostAgent:
                     raise HostError(f"{control.describe(rank)} was given a different scenario "
                                     "or options than node 0: every host runs the same file "
                                     "with the same --nnodes and --iterations")
+                if other["backend"] != hello["backend"]:
+                    raise HostError(
+                        f"{control.describe(rank)} would run its ranks on "
+                        f"{other['backend']} and node 0 on {hello['backend']}: every host "
+                        "must resolve workload.backend alike (give every host GPUs and NCCL, "
+                        "or set workload.backend)")
             self.job = naming.new_run_id()
             control.set("job", self.job)
             control.serve_clock()
@@ -393,24 +414,42 @@ class HostAgent:
     def _shaped_run(self, control: Control) -> ScenarioReport | str:
         options = self.options
         link = options.scenario.link_for(options.node_rank)
-        netem = link.impaired and probe_capabilities().netem
+        outcome: ScenarioReport | str | None = None
+        # Only the job's traffic: to and from the other hosts' addresses (their hellos).
+        peers = [hello["address"] for rank, hello in sorted(control.hellos.items())
+                 if rank != options.node_rank]
+        nic = ShapedNic(options.nic, link, job=self.job, ingress=options.ingress, peers=peers)
         try:
-            with ShapedNic(options.nic, link, job=self.job, ingress=options.ingress,
-                           netem_available=netem) as nic:
+            with nic:
                 self.nic = nic
                 try:
                     outcome = self._run_shaped(control, nic)
                 finally:
                     self._stop_traffic()
         except NicRestoreError as exc:
+            # Never "ok": the NIC is left changed, its record kept for `netsim-ddp clean`.
             self._post_restored(control, {"ok": False, "error": str(exc)})
-            raise
+            if not isinstance(outcome, ScenarioReport):
+                raise
+            outcome.error = f"{options.node_name}: {exc}"
         except BaseException:
-            self._post_restored(control, {"ok": self.nic is not None, "error": None})
+            # Shaped and put back, or never shaped (refused before any change): as it was.
+            self._post_restored(control, {"ok": not nic.left_changed,
+                                          "error": nic.restore_error})
             raise
-        self._post_restored(control, {"ok": True, "error": None})
+        else:
+            self._post_restored(control, {"ok": True, "error": None})
         if isinstance(outcome, ScenarioReport):
             outcome.hosts = self._hosts_summary(control)
+            left = [f"{name}: " + (str(restored.get("error")) if isinstance(restored, dict)
+                                   else "no word")
+                    for name, host in outcome.hosts.items()
+                    for restored in [host.get("restored")]
+                    if not isinstance(restored, dict) or not restored.get("ok")]
+            if left and not outcome.error:
+                outcome.error = ("not every host's NIC came back as it was: " + "; ".join(left)
+                                 + " (`netsim-ddp clean` on those hosts)")
+        assert outcome is not None
         return outcome
 
     def _post_restored(self, control: Control, restored: dict[str, Any]) -> None:
@@ -441,7 +480,9 @@ class HostAgent:
         assert workload is not None  # validated
         if options.iterations is not None:
             workload = workload.model_copy(update={"iterations": options.iterations})
-        report = ScenarioReport(options.scenario, run_id=self.job)
+        assert self.placement is not None
+        workload = workload.model_copy(update={"backend": self.placement.backend})
+        report = ScenarioReport(options.scenario, run_id=self.job, placement=self.placement)
         phases = iter(range(1_000_000))
 
         def launcher(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
@@ -465,7 +506,8 @@ class HostAgent:
                                       launcher, profile=False,
                                       allow_untrusted=options.allow_untrusted,
                                       timeout_s=options.timeout_s, progress=self.progress,
-                                      traffic=traffic)
+                                      traffic=traffic, transport_ifname=",".join(sorted(
+                                          {hello["nic"] for hello in control.hellos.values()})))
             if trained is not None:
                 finish_report(report, *trained)
         except WorkloadError as exc:
@@ -602,7 +644,7 @@ class HostAgent:
                  for key, value in phase.env.items()}
         if SIGNAL_DIR_ENV in local:
             Path(local[SIGNAL_DIR_ENV]).mkdir(parents=True, exist_ok=True)
-        env = rank_env(options.nic, {**local, NIC_ENV: options.nic, JOB_ENV: self.job})
+        env = self.phase_env(local)
         node = self._node()
         deadline = time.monotonic() + phase.timeout_s
         with open(logs / f"{node.name}.torchrun.log", "wb") as output:
@@ -627,6 +669,10 @@ class HostAgent:
                        if p.name.startswith("result-") or p.name == "allreduce.json")
         for name in files:
             control.set(f"files/{phase.index}/{name}", (out / name).read_bytes())
+        if self._node_env().get("NCCL_NET"):  # NCCL's word on its transport, for node 0
+            control.set(f"nccl/{phase.index}/{options.node_rank}", "\n".join(
+                line for line in rank_log_lines(logs / options.node_name)
+                if "NCCL INFO" in line))
         control.set(f"status/{phase.index}/{options.node_rank}", json.dumps({"files": files}))
         control.wait_for([f"status/{phase.index}/{rank}" for rank in range(options.nnodes)],
                          options.reply_timeout_s,
@@ -636,6 +682,25 @@ class HostAgent:
             for name in control.get_json(f"status/{phase.index}/{rank}")["files"]:
                 if not (out / name).exists():
                     (out / name).write_bytes(control.get(f"files/{phase.index}/{name}"))
+            if rank != options.node_rank and control.has(f"nccl/{phase.index}/{rank}"):
+                # Where the transport check reads each node's ranks' lines (rank_log_lines).
+                folder = logs / self.names[rank]
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "stdout-nccl.log").write_bytes(
+                    control.get(f"nccl/{phase.index}/{rank}"))
+
+    def phase_env(self, local: Mapping[str, str]) -> dict[str, str]:
+        """What this host's torchrun and ranks get for a phase: the phase's settings, the NIC
+        for gloo and for NCCL, the job marker, this host's GPUs."""
+        return rank_env(self.options.nic, {**local, NIC_ENV: self.options.nic,
+                                           JOB_ENV: self.job, **self._node_env(),
+                                           NODE_RANK_ENV: str(self.options.node_rank)})
+
+    def _node_env(self) -> dict[str, str]:
+        """This host's ranks' GPUs and NCCL settings: NCCL pinned to --nic, sockets only."""
+        assert self.placement is not None
+        return self.placement.node_env(self.job, [self.options.node_name],
+                                       ifname=self.options.nic)[0]
 
     def _raise_after_grace(self, control: Control, failure: str, logs: Path) -> None:
         """A rank here failed. When a peer's failure caused it, the peer's agent says so
@@ -706,6 +771,21 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         if errors:
             raise BackgroundError("; ".join(errors))
         return assemble(ends)
+
+
+def host_placement(options: HostOptions, inventory: GpuInventory | None = None,
+                   environ: Mapping[str, str] | None = None) -> Placement:
+    """This host's backend and GPUs for its one node (its ranks_per_node ranks), as `run`
+    decides them for a whole fabric; HostConfigError where this host cannot run it as asked
+    (no GPUs for 'nccl', users' NCCL_* settings that would take the traffic off --nic)."""
+    workload = options.scenario.workload
+    assert workload is not None  # validated
+    one_node = options.scenario.topology.model_copy(update={"nodes": 1, "names": None})
+    placement = place(workload, one_node, inventory, environ)
+    if placement.refused:
+        raise HostConfigError(f"{options.scenario.path or options.scenario.name}: "
+                              f"{placement.describe()}")
+    return placement
 
 
 def _says(message: str) -> Callable[[list[str]], str]:

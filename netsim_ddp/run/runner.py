@@ -48,7 +48,12 @@ from netsim_ddp.workload.collective import (
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
 from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
-from netsim_ddp.workload.nccl import rank_log_lines, verify_transport
+from netsim_ddp.workload.nccl import (
+    NODE_IFNAME,
+    rank_log_lines,
+    rank_nodes_from_logs,
+    verify_transport,
+)
 from netsim_ddp.workload.placement import place
 from netsim_ddp.workload.script_launch import launch_script, resolve_command
 from netsim_ddp.workload.window import NODE_ENV
@@ -208,14 +213,15 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                     traffic: Callable[[Path], Any] = lambda signals: _NoTraffic(),
                     watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
                     scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
-                    gated_probe: bool = False,
+                    gated_probe: bool = False, transport_ifname: str = NODE_IFNAME,
                     ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """The probe, then every mode, through `launcher`. None if the probe refused.
 
     `traffic` starts the background flows, `watch` turns them (None while probing) into the
     launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot).
     `gated_probe`: the launcher's ranks may run the probe and wait for its verdict in the
-    training launch itself (_ProbeGate); else the probe gets launches of its own."""
+    training launch itself (_ProbeGate); else the probe gets launches of its own.
+    `transport_ifname`: the NIC(s) NCCL must use between nodes (comma-separated)."""
     link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
     probing: _ProbeAttempts | None = None
@@ -230,7 +236,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
             fidelity = _probe_collective(launcher, scenario, out / "probe", timeout_s,
                                          progress, watch(None), workload=workload,
                                          attempts=None if scenario.fidelity.enabled else 1)
-            if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0"):
+            if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0",
+                                                transport_ifname):
                 return None
             if scenario.fidelity.enabled and not _fidelity_judged(report, fidelity,
                                                                   allow_untrusted):
@@ -276,7 +283,7 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
         _fidelity_judged(report, probing.fidelity, allow_untrusted)
         report.link_schedule = None  # no mode ran: nothing was scheduled
         return None
-    if nccl and not _transport_verified(report, scenario, out / "train"):
+    if nccl and not _transport_verified(report, scenario, out / "train", transport_ifname):
         return None
     return results, background
 
@@ -406,11 +413,15 @@ def background_checks(flows, background: BackgroundBytes,
     return checks
 
 
-def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path) -> bool:
-    """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0? If not, the run
-    is refused with the lines that show what it did instead."""
-    report.transport = verify_transport(rank_log_lines(launch_out / "logs"),
-                                        scenario.topology.nodes, scenario.topology.ranks_per_node)
+def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path,
+                        ifname: str = NODE_IFNAME) -> bool:
+    """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0 (on a real host,
+    its --nic)? If not, the run is refused with the lines that show what it did instead."""
+    logs = launch_out / "logs"
+    report.transport = verify_transport(
+        rank_log_lines(logs), scenario.topology.nodes, scenario.topology.ranks_per_node,
+        ifname, rank_nodes=rank_nodes_from_logs(logs, scenario.topology.node_names,
+                                                scenario.topology.ranks_per_node))
     if not report.transport.ok:
         report.refused = ("NCCL did not use the emulated network between nodes, so its numbers "
                           f"would not measure it: {report.transport.summary()} (rank logs in "

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,8 +76,8 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                 "stats": _stats(r.iteration_s),
                 "extra_info": {"netsim_ddp": {
                     "scenario": report.scenario.name, "digest": scenario_digest(report),
-                    "mode": mode, "iteration_s": r.iteration_s, "comm_s": r.comm_s,
-                    "compute_s": r.compute_s, "collective_s": r.collective_s,
+                    "backend": _backend(r), "mode": mode, "iteration_s": r.iteration_s,
+                    "comm_s": r.comm_s, "compute_s": r.compute_s, "collective_s": r.collective_s,
                     "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
             })
     document = {
@@ -98,6 +98,7 @@ class BaselineEntry:
     digest: str
     samples: dict[str, list[float]]
     wire_bytes_per_iteration: float
+    backend: str | None = None  # gloo or nccl; None: saved before it was recorded
 
 
 FiniteSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -111,6 +112,7 @@ class _Saved(BaseModel):
     scenario: str
     mode: str
     digest: str
+    backend: str | None = None  # baselines saved before it was recorded
     iteration_s: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(min_length=1)
     comm_s: list[FiniteSeconds] = Field(default_factory=list)  # empty: a user's script
     compute_s: list[FiniteSeconds] = Field(default_factory=list)
@@ -176,7 +178,7 @@ class Baseline:
                 | ({"comm_s": data.comm_s, "compute_s": data.compute_s} if data.compute_s
                    else {})
                 | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
-                data.wire_bytes_per_iteration)
+                data.wire_bytes_per_iteration, data.backend)
 
     def machine_warning(self, current: MachineInfo | None = None) -> str | None:
         """A warning line naming the fields of `machine_info` (default: this host's) that
@@ -202,8 +204,19 @@ class Baseline:
                 verdicts.append(Verdict(f"baseline:{mode}", False,
                                         f"{name}[{mode}]: not in baseline {self.path}"))
                 continue
+            backend = _backend(current.result)
+            if None not in (entry.backend, backend) and entry.backend != backend:
+                # 'auto' picks NCCL on a GPU host: gloo and NCCL numbers are never compared.
+                verdicts.append(Verdict(
+                    f"baseline:{mode}", False,
+                    f"{name}[{mode}]: the baseline ran on {entry.backend}, this run on "
+                    f"{backend}: not compared; save a baseline on {backend}, or set "
+                    f"workload.backend = '{entry.backend}'"))
+                continue
             note = ("" if entry.digest == digest else
                     " (the baseline was taken with a different network or workload)")
+            if entry.backend is None:
+                note += " (the baseline did not record its backend)"
             for tolerance in tolerances:
                 verdict = regression_verdict(name, mode, tolerance, current,
                                              _baseline_value(tolerance, entry),
@@ -211,6 +224,12 @@ class Baseline:
                 verdicts.append(Verdict(verdict.name, verdict.passed, verdict.detail + note,
                                         verdict.p_value))
         return verdicts
+
+
+def _backend(result: Any) -> str | None:
+    """The backend a mode's ranks used; None for a result built without one (model_construct
+    in tests and tools that fill only the series)."""
+    return getattr(result, "backend", None)
 
 
 def _baseline_samples(tolerance: Tolerance, entry: BaselineEntry) -> list[float] | None:

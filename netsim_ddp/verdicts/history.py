@@ -133,6 +133,17 @@ def scenario_digest(record: ScenarioRecord) -> str:
     return content_digest(record.scenario) if record.scenario is not None else "unknown"
 
 
+BACKEND_MARK = "; backend "
+
+
+def run_kind(machine: MachineInfo | None, record: ScenarioRecord) -> str:
+    """What a series' runs must share besides the scenario: the kind of host and the backend
+    the ranks used ('auto' is NCCL on a GPU host and gloo elsewhere: never one series).
+    Documents without a placement were written before NCCL was supported: gloo."""
+    backend = record.placement.backend if record.placement is not None else "gloo"
+    return f"{host_kind(machine)}{BACKEND_MARK}{backend}"
+
+
 def host_kind(machine: MachineInfo | None) -> str:
     """The host as far as timings go: CPU model and count, architecture, torch."""
     if machine is None:
@@ -234,7 +245,7 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
                 report.notes.append(f"{record.name}: run {run.number} ({run.source}) "
                                     f"{record.status}, no measurements: skipped")
                 continue
-            digest, host = scenario_digest(record), host_kind(run.document.machine_info)
+            digest, host = scenario_digest(record), run_kind(run.document.machine_info, record)
             parts.setdefault(record.name, {}).setdefault((digest, host), []).append(run.number)
             for mode, mode_record in record.modes.items():
                 series.setdefault(SeriesKey(record.name, digest, host, mode), []).append(
@@ -257,10 +268,13 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
 def _split_note(name: str, groups: dict[tuple[str, str], list[int]],
                 current: tuple[str, str]) -> str:
     digests = {digest for digest, _ in groups}
-    hosts = {host for _, host in groups}
+    hosts = {host.rsplit(BACKEND_MARK, 1)[0] for _, host in groups}
+    backends = {host.rsplit(BACKEND_MARK, 1)[-1] for _, host in groups}
     why = " and ".join(reason for reason, differs in (
         ("the scenario changed (its digest)", len(digests) > 1),
-        ("the runs come from different kinds of host", len(hosts) > 1)) if differs)
+        ("the runs come from different kinds of host", len(hosts) > 1),
+        (f"the ranks ran on different backends ({', '.join(sorted(backends))})",
+         len(backends) > 1)) if differs)
     listed = "; ".join(f"digest {digest[:8]} on {host}: runs "
                        f"{', '.join(map(str, numbers))}"
                        + (" (gates)" if (digest, host) == current else "")

@@ -26,15 +26,23 @@ GPUS_ENV = "NETSIM_DDP_GPUS"  # per node: the global GPU index of each local ran
 PROBE_TIMEOUT_S = 120.0
 
 _PROBE = """
-import json, torch, torch.distributed as dist
+import json, subprocess, torch, torch.distributed as dist
 count = torch.cuda.device_count() if torch.cuda.is_available() else 0
 nccl = None
 if count and dist.is_available() and dist.is_nccl_available():
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
+modes = []
+try:  # the compute mode decides whether ranks may share a GPU
+    found = subprocess.run(["nvidia-smi", "--query-gpu=compute_mode", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+    modes = [line.strip() for line in found.stdout.splitlines() if line.strip()]
+except (OSError, subprocess.SubprocessError):
+    pass
 print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "count": count,
                   "names": [torch.cuda.get_device_name(i) for i in range(count)],
-                  "nccl": nccl}))
+                  "nccl": nccl, "compute_modes": modes if len(modes) == count else []}))
 """
+EXCLUSIVE_MODES = ("Exclusive_Process", "Exclusive_Thread", "Prohibited")
 
 
 class GpuError(RuntimeError):
@@ -49,6 +57,7 @@ class GpuInventory:
     cuda: str | None = None  # the CUDA version torch was built with
     nccl: str | None = None  # NCCL's version, when torch has it and a GPU is visible
     missing: str | None = None  # why the NCCL path cannot be used here (None: it can)
+    compute_modes: tuple[str, ...] = ()  # per GPU, as nvidia-smi names it; () if unknown
 
     @property
     def nccl_usable(self) -> bool:
@@ -101,7 +110,8 @@ def inventory_from(found: dict) -> GpuInventory:
     elif not found.get("nccl"):
         missing = f"torch {found['torch']} was built without NCCL"
     return GpuInventory(count, tuple(found.get("names", ())), found.get("torch"),
-                        found.get("cuda"), found.get("nccl"), missing)
+                        found.get("cuda"), found.get("nccl"), missing,
+                        tuple(found.get("compute_modes", ())))
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,11 @@ class GpuAssignment:
                 "shared": self.shared, "summary": self.describe()}
 
 
-def assign_gpus(nodes: int, ranks_per_node: int, gpus: int, share: bool) -> GpuAssignment:
+def assign_gpus(nodes: int, ranks_per_node: int, gpus: int, share: bool,
+                compute_modes: tuple[str, ...] = ()) -> GpuAssignment:
     """Node i, local rank r -> GPU (i x R + r) mod G; raises GpuError if that would need
-    sharing the scenario does not allow, or two ranks of one node on one GPU."""
+    sharing the scenario does not allow, two ranks of one node on one GPU, or sharing a GPU
+    whose compute mode lets only one process use it."""
     ranks = nodes * ranks_per_node
     if gpus < 1:
         raise GpuError(f"{ranks} ranks need GPUs; this host has none")
@@ -152,9 +164,18 @@ def assign_gpus(nodes: int, ranks_per_node: int, gpus: int, share: bool) -> GpuA
         raise GpuError(
             f"ranks_per_node = {ranks_per_node} needs {ranks_per_node} GPUs: NCCL cannot put "
             f"two ranks of one node on one GPU, and this host has {gpus}")
-    return GpuAssignment(tuple(tuple((node * ranks_per_node + local) % gpus
-                                     for local in range(ranks_per_node))
-                               for node in range(nodes)), gpus)
+    assignment = GpuAssignment(tuple(tuple((node * ranks_per_node + local) % gpus
+                                           for local in range(ranks_per_node))
+                                     for node in range(nodes)), gpus)
+    if assignment.shared:
+        exclusive = [f"GPU {index} ({mode})" for index, mode in enumerate(compute_modes)
+                     if mode in EXCLUSIVE_MODES]
+        if exclusive:
+            raise GpuError(
+                f"{ranks} ranks would share {gpus} GPUs, but " + ", ".join(exclusive)
+                + " lets only one process use it: set the compute mode to Default "
+                "(nvidia-smi -c DEFAULT), or give every rank a GPU of its own")
+    return assignment
 
 
 def local_device_index(local_rank: int, environ: dict[str, str] | None = None) -> int:

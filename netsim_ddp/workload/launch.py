@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from netsim_ddp.scenario.workload import RankSpec
 from netsim_ddp.workload.results import ModeResult, read_result, result_path
+from netsim_ddp.workload.window import NODE_RANK_ENV
 
 RANK_MODULE = "netsim_ddp.workload.rank"
 AGENT_MODULE = "netsim_ddp.workload.agent"
@@ -200,7 +201,8 @@ def run_nodes(
             procs.append(
                 node.popen(
                     list(argv),
-                    env={**child_env, **(node_env[node_rank] if node_env else {})},
+                    env={**child_env, **(node_env[node_rank] if node_env else {}),
+                         NODE_RANK_ENV: str(node_rank)},
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,

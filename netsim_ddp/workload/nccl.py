@@ -35,13 +35,15 @@ DEBUG_SUBSYSTEMS = ("INIT", "NET")
 EVIDENCE_LINES = 6  # lines quoted in a refusal
 
 
-def node_env(run_id: str, node_name: str) -> dict[str, str]:
-    """What one emulated node's ranks get; the same for every rank of the node."""
+def node_env(run_id: str, node_name: str, ifname: str = NODE_IFNAME) -> dict[str, str]:
+    """What one node's ranks get; the same for every rank of the node. `ifname`: the NIC
+    between nodes (eth0 of an emulated node; `netsim-ddp host --nic` on a real host)."""
     return {
         "NCCL_HOSTID": f"netsim-ddp-{run_id}-{node_name}",  # a host of its own to NCCL
-        "NCCL_SOCKET_IFNAME": f"={NODE_IFNAME}",  # '=': exactly eth0, not a prefix
-        "NCCL_IB_DISABLE": "1",
+        "NCCL_SOCKET_IFNAME": f"={ifname}",  # '=': exactly that NIC, not a prefix
+        "NCCL_IB_DISABLE": "1",  # InfiniBand and RoCE: tc never sees them
         "NCCL_NET": "Socket",  # NCCL's own socket transport, no external net plugin
+        "NCCL_MNNVL_ENABLE": "0",  # NVLink across hosts (NVL72-class) would bypass the NIC
         "NCCL_DEBUG": "INFO",
         "NCCL_DEBUG_SUBSYS": ",".join(DEBUG_SUBSYSTEMS),
     }
@@ -54,7 +56,8 @@ def node_env(run_id: str, node_name: str) -> dict[str, str]:
 _OWNED = {
     "NCCL_HOSTID": "the harness gives each emulated node its own host id, so NCCL does not "
                    "join the nodes through shared memory or P2P",
-    "NCCL_SOCKET_IFNAME": "traffic between nodes must use the emulated NIC, eth0",
+    "NCCL_SOCKET_IFNAME": "traffic between nodes must use the shaped NIC (an emulated node's "
+                          "eth0, or `netsim-ddp host --nic`)",
     "NCCL_NET_PLUGIN": "an external network plugin could carry traffic off the emulated links",
     "NCCL_COMM_ID": "NCCL's bootstrap must run over the emulated network",
     "NCCL_DEBUG_FILE": "the harness reads NCCL's log lines from the ranks' output to verify the "
@@ -66,6 +69,9 @@ _ALLOWED_VALUES = {
     "NCCL_IB_DISABLE": ({"1"}, "InfiniBand/RoCE would bypass the emulated links"),
     "NCCL_NET": ({"Socket"}, "only NCCL's socket transport runs over the emulated NIC"),
     "NCCL_COLLNET_ENABLE": ({"0"}, "CollNet offloads reductions to the network hardware"),
+    "NCCL_MNNVL_ENABLE": ({"0"}, "multi-node NVLink would carry traffic between nodes off "
+                                 "the shaped NIC"),
+    "NCCL_NVLS_ENABLE": ({"0"}, "NVLink SHARP offloads reductions to the NVLink switches"),
     "NCCL_SOCKET_FAMILY": ({"AF_INET"}, "the emulated nodes have IPv4 addresses only"),
     "NCCL_DEBUG": ({"INFO", "TRACE"}, "the harness needs NCCL's INFO lines to verify the "
                                       "transport"),
@@ -86,10 +92,24 @@ def refused_user_settings(environ: Mapping[str, str]) -> list[str]:
     return reasons
 
 
-def merged_env(environ: Mapping[str, str], run_id: str, node_name: str) -> dict[str, str]:
+# NCCL picks ring or tree, and a protocol, per message size; with several ranks per node their
+# bytes between nodes differ by up to 1.75x (fp16 buckets are half the size, so a mode may get
+# another algorithm than fp32): pinned, so the wire bytes are what the ring predicts, unless
+# the user chose.
+PINNED = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+
+
+def pinned_by_harness(environ: Mapping[str, str]) -> dict[str, str]:
+    """What the harness pins (the user's own NCCL_ALGO / NCCL_PROTO win)."""
+    return {name: value for name, value in PINNED.items() if not environ.get(name)}
+
+
+def merged_env(environ: Mapping[str, str], run_id: str, node_name: str,
+               ifname: str = NODE_IFNAME) -> dict[str, str]:
     """The node's NCCL settings over the user's harmless ones; the debug subsystems the
-    harness needs are added to any the user asked for."""
-    env = node_env(run_id, node_name)
+    harness needs are added to any the user asked for; ring and the simple protocol unless
+    the user set NCCL_ALGO or NCCL_PROTO."""
+    env = node_env(run_id, node_name, ifname) | pinned_by_harness(environ)
     user = [s for s in environ.get("NCCL_DEBUG_SUBSYS", "").split(",") if s.strip()]
     if user:
         env["NCCL_DEBUG_SUBSYS"] = ",".join(dict.fromkeys([*user, *DEBUG_SUBSYSTEMS]))
@@ -117,7 +137,7 @@ class TransportEvidence:
 
     nodes: int
     ranks_per_node: int
-    ifname: str = NODE_IFNAME
+    ifname: str = NODE_IFNAME  # the NICs allowed, comma-separated (hosts may name theirs apart)
     interfaces: set[str] = field(default_factory=set)  # from "NET/Socket : Using ..."
     networks: set[str] = field(default_factory=set)  # from "Using network ..."
     nccl_nodes: set[int] = field(default_factory=set)  # nNodes NCCL counted
@@ -170,7 +190,7 @@ def verify_transport(lines: Iterable[str], nodes: int, ranks_per_node: int,
         if match := _SOCKET_USING.search(line):
             names = {m["name"] for m in _IFACE.finditer(match["ifaces"])}
             evidence.interfaces |= names
-            if names != {ifname}:
+            if len(names) != 1 or not names <= set(ifname.split(",")):
                 wrong_ifaces.append(line.strip())
         elif match := _NETWORK.search(line):
             evidence.networks.add(match["name"])
@@ -225,3 +245,20 @@ def rank_log_lines(log_dir: Path | str) -> list[str]:
         except OSError:
             continue
     return lines
+
+
+def rank_nodes_from_logs(log_dir: Path | str, node_names: Sequence[str],
+                         ranks_per_node: int) -> list[int] | None:
+    """Each global rank's node, from which node's folder (log_dir/<node name>) holds the
+    rank's own "comm ... rank R" line: torchrun's c10d rendezvous numbers ranks in an order of
+    its own (the agents' addresses, sorted as strings), not node by node. None when some rank
+    of the world is not found (the check then assumes node-by-node numbering)."""
+    found: dict[int, int] = {}
+    for node, name in enumerate(node_names):
+        for line in rank_log_lines(Path(log_dir) / name):
+            if match := _COMM.search(line):
+                found.setdefault(int(match["rank"]), node)
+    ranks = sorted(found)
+    if ranks != list(range(len(node_names) * ranks_per_node)):
+        return None
+    return [found[rank] for rank in ranks]

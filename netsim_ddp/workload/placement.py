@@ -14,6 +14,9 @@ from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload import nccl
 from netsim_ddp.workload.gpus import GpuAssignment, GpuError, GpuInventory, assign_gpus, probe_gpus
 
+SHARED_GPU_NOTE = ("ranks sharing a GPU time-slice it: their compute and communication times "
+                   "include waiting for each other's kernels, not only the network")
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -23,10 +26,13 @@ class Placement:
     gpus: GpuAssignment | None = None  # None: the ranks run on the CPU
     refused: str | None = None  # why this host cannot run the scenario as asked
     note: str | None = None  # why 'auto' did not pick NCCL
+    pinned: dict[str, str] | None = None  # NCCL settings the harness chose (ring, simple)
 
     def node_env(self, run_id: str, node_names: Sequence[str],
-                 environ: Mapping[str, str] | None = None) -> list[dict[str, str]]:
-        """Per node, what its ranks get on top of the shared environment."""
+                 environ: Mapping[str, str] | None = None,
+                 ifname: str = nccl.NODE_IFNAME) -> list[dict[str, str]]:
+        """Per node, what its ranks get on top of the shared environment; `ifname`: the NIC
+        NCCL must use between nodes."""
         environ = os.environ if environ is None else environ
         envs = []
         for index, name in enumerate(node_names):
@@ -34,7 +40,7 @@ class Placement:
             if self.gpus is not None:
                 env |= self.gpus.env(index)
             if self.backend == "nccl":
-                env |= nccl.merged_env(environ, run_id, name)
+                env |= nccl.merged_env(environ, run_id, name, ifname)
             envs.append(env)
         return envs
 
@@ -44,14 +50,21 @@ class Placement:
         text = f"backend {self.backend}"
         if self.requested == "auto":
             text += " (auto" + (f": {self.note})" if self.note else ")")
-        return text + (f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU")
+        if self.backend == "nccl" and self.pinned:
+            text += (" pinned to " + ", ".join(f"{k}={v}" for k, v in self.pinned.items())
+                     + " (the bytes between nodes as the ring predicts; set them to choose)")
+        text += f", {self.gpus.describe()}" if self.gpus else ", ranks on the CPU"
+        if self.gpus is not None and self.gpus.shared:
+            text += f"; {SHARED_GPU_NOTE}"
+        return text
 
     def as_dict(self) -> dict[str, object]:
         return {"requested": self.requested, "backend": self.backend,
                 "gpus": self.gpus.as_dict() if self.gpus else None,
                 "shared_gpus": bool(self.gpus and self.gpus.shared),
+                "shared_gpu_note": SHARED_GPU_NOTE if self.gpus and self.gpus.shared else None,
                 "host_gpus": self.inventory.as_dict(), "refused": self.refused,
-                "note": self.note, "summary": self.describe()}
+                "note": self.note, "nccl_pinned": self.pinned, "summary": self.describe()}
 
 
 def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory | None = None,
@@ -69,7 +82,8 @@ def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory 
         return Placement(requested, "nccl", inventory, refused=(
             f"workload.backend = 'nccl' needs CUDA GPUs and NCCL: {inventory.missing}"))
     try:
-        gpus = assign_gpus(nodes, per_node, inventory.count, workload.share_gpus)
+        gpus = assign_gpus(nodes, per_node, inventory.count, workload.share_gpus,
+                           inventory.compute_modes)
     except GpuError as exc:
         if requested == "auto":
             return Placement(requested, "gloo", inventory, note=str(exc))
@@ -80,4 +94,5 @@ def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory 
         return Placement(requested, "nccl", inventory, gpus, refused=(
             "NCCL settings in the environment would break the emulation: "
             + "; ".join(settings)))
-    return Placement(requested, "nccl", inventory, gpus)
+    return Placement(requested, "nccl", inventory, gpus,
+                     pinned=nccl.pinned_by_harness(environ))

@@ -38,7 +38,7 @@ from netsim_ddp.workload.models import build_workload, count_params, make_batche
 from netsim_ddp.workload.profiling import Profiler, trace_path
 from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
 from netsim_ddp.workload.timing import BucketTimer, register_timed
-from netsim_ddp.workload.window import measured_window
+from netsim_ddp.workload.window import NODE_RANK_ENV, measured_window
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
 LEARNING_RATE = 1e-3
@@ -114,6 +114,7 @@ def run_mode(
         rank=rank,
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         hostname=socket.gethostname(),
+        node_rank=int(os.environ[NODE_RANK_ENV]) if os.environ.get(NODE_RANK_ENV) else None,
         iteration_s=samples.iteration_s,
         compute_s=samples.compute_s,
         comm_s=exposed_comm(samples.iteration_s, samples.compute_s),

@@ -48,6 +48,9 @@ class RankSamples(BaseModel):
     rank: int
     local_rank: int
     hostname: str
+    node_rank: int | None = Field(
+        default=None, description="The scenario's node this rank ran on (the harness says so "
+        "in NETSIM_DDP_NODE_RANK); None in results written before it was recorded.")
     iteration_s: list[float] = Field(description="Wall time of the synced optimizer step.")
     compute_s: list[float] = Field(description="The same step under no_sync(), rolled back.")
     comm_s: list[float] = Field(description="max(iteration_s - compute_s, 0) on this rank.")

@@ -18,6 +18,9 @@ from collections.abc import Callable, Iterator
 from netsim_ddp.common.signals import END, SIGNAL_DIR_ENV, START, signal_file
 
 NODE_ENV = "NETSIM_DDP_NODE"
+# The scenario's node rank of the node a rank runs on: torchrun's c10d rendezvous numbers
+# nodes (and so ranks) in an order of its own, so results name nodes by this, never rank // R.
+NODE_RANK_ENV = "NETSIM_DDP_NODE_RANK"
 
 
 @contextlib.contextmanager

@@ -4,6 +4,11 @@
 Names: namespaces `nsd<run id>-h<i>` and `nsd<run id>-sw`, held by the run's lock so a
 concurrent `netsim-ddp clean` leaves them alone; links `nsdnic` (each host's NIC), `nsdp<i>`
 and `nsdbr` (the bridge's side). All are removed afterwards, also on failure.
+
+Options that make the hosts look like production ones: `queues` (each NIC a multiqueue veth,
+so an `mq` root applies), `last_octets` (addresses that need not sort in node order), and
+`outsiders` (further hosts on the same switch that are not part of the job: their traffic must
+stay unshaped).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class SimHost:
     netns: str
     address: str
     nic: str = NIC
+    in_job: bool = True  # False: an outsider on the same switch (another job, storage)
 
     @property
     def hostname(self) -> str:
@@ -67,13 +73,18 @@ def _disable_ipv6() -> None:
 
 
 @contextlib.contextmanager
-def simulated_hosts(count: int):
+def simulated_hosts(count: int, *, queues: int = 1, last_octets: list[int] | None = None,
+                    outsiders: int = 0):
+    """`count` job hosts (then `outsiders` more), host i at SUBNET.<last_octets[i]> (i + 1
+    by default), each NIC with `queues` transmit queues."""
     run_id = naming.new_run_id()
     lock = naming.RunLock(run_id)
     lock.acquire()
     switch = naming.netns_name(run_id, "sw")
-    hosts = [SimHost(i, naming.netns_name(run_id, f"h{i}"), f"{SUBNET}.{i + 1}")
-             for i in range(count)]
+    octets = last_octets or list(range(1, count + outsiders + 1))
+    assert len(octets) == count + outsiders
+    hosts = [SimHost(i, naming.netns_name(run_id, f"h{i}"), f"{SUBNET}.{octets[i]}",
+                     in_job=i < count) for i in range(count + outsiders)]
     made: list[str] = []
     try:
         for name in [switch, *(h.netns for h in hosts)]:
@@ -89,7 +100,8 @@ def simulated_hosts(count: int):
                 fd = os.open(netns.path_of(host.netns), os.O_RDONLY)
                 try:
                     ipr.link("add", ifname=f"nsdp{host.index}", kind="veth",
-                             peer={"ifname": NIC, "net_ns_fd": fd})
+                             peer={"ifname": NIC, "net_ns_fd": fd,
+                                   "num_tx_queues": queues, "num_rx_queues": queues})
                 finally:
                     os.close(fd)
                 (port,) = ipr.link_lookup(ifname=f"nsdp{host.index}")
@@ -108,7 +120,40 @@ def simulated_hosts(count: int):
         lock.release()
 
 
-
-
 def netsim_ddp(*args) -> list[str]:
     return [sys.executable, "-m", "netsim_ddp.cli", *map(str, args)]
+
+
+SINK = """
+import socket, sys
+server = socket.create_server((sys.argv[1], 0))
+print(server.getsockname()[1], flush=True)
+connection, _ = server.accept()
+while connection.recv(1 << 16):
+    pass
+connection.close()
+"""
+SEND = """
+import socket, sys, time
+started = time.monotonic()
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as sock:
+    sock.sendall(bytes(int(sys.argv[3])))
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)  # the sink closes once it has read everything
+print(time.monotonic() - started)
+"""
+
+
+def transfer(source, destination, size: int) -> float:
+    """Seconds for `size` bytes from one simulated host to another over TCP, delivered."""
+    sink = destination.popen([sys.executable, "-c", SINK, destination.address],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        sent = source.run([sys.executable, "-c", SEND, destination.address, port, size],
+                          capture_output=True, text=True, check=True, timeout=60)
+        sink.wait(timeout=30)
+        return float(sent.stdout)
+    finally:
+        sink.kill()
+        sink.wait()

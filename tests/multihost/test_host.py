@@ -11,10 +11,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from simhosts import NIC, netsim_ddp
+from pyroute2 import IPRoute
+from simhosts import NIC, netsim_ddp, transfer
 
 from netsim_ddp.fabric import netns
 from netsim_ddp.fabric.nic import state_path
+from netsim_ddp.fabric.nic_plan import REST_CLASS
+from netsim_ddp.fabric.qdisc_stats import basic_counts
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 
@@ -83,18 +86,50 @@ def host_state(host) -> Path:
         return state_path(NIC)
 
 
+def rest_class_bytes(host) -> int:
+    """What the NIC sent outside the job's class (fabric/nic_plan.py's REST_CLASS)."""
+    with host.entered(), IPRoute() as ipr:
+        for msg in ipr.get_classes(index=ipr.link_lookup(ifname=NIC)[0]):
+            if msg["handle"] == REST_CLASS:
+                return basic_counts(msg)[0]
+    raise AssertionError(f"{host.hostname}: no class {REST_CLASS:#x}")
+
+
 @pytest.mark.ddp
-def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
-    h0, h1 = two_hosts
-    # someone's own qdisc on one NIC, the kernel's default on the other: both must come back
+def test_two_hosts_run_default_with_the_checks_of_run(production_hosts, tmp_path):
+    """Hosts as production ones look (NICs with four queues, addresses .9 and .10 that c10d
+    orders node 1 first, a third host on the switch that is not in the job)."""
+    h0, h1, outsider = production_hosts
+    two_hosts = [h0, h1]
+    # someone's own trees (mq with a pfifo per queue; a pfifo): both must come back
+    for command in (["root", "handle", "1:", "mq"],
+                    *(["parent", f"1:{queue}", "pfifo", "limit", str(100 + queue)]
+                      for queue in range(1, 5))):
+        h0.run(["tc", "qdisc", "replace", "dev", NIC, *command], check=True)
     h1.run(["tc", "qdisc", "replace", "dev", NIC, "root", "handle", "7:", "pfifo", "limit",
             "321"], check=True)
     before = [host.tc_dump() for host in two_hosts]
     agents = start_agents(two_hosts, small_default(tmp_path), tmp_path)
-    outputs = [finish(agent, 240) for agent in agents]
+    try:
+        for line in agents[0].stdout:  # every NIC shaped, the job about to start
+            if "all hosts ready" in line:
+                break
+        # The outsider's traffic is not the job's: it passes in the unshaped class, and only
+        # the peer's packets are redirected to the ingress shaper.
+        rest = rest_class_bytes(h0)
+        transfer(h0, outsider, 2_000_000)
+        assert rest_class_bytes(h0) - rest >= 2_000_000
+        ingress = h0.run(["tc", "filter", "show", "dev", NIC, "ingress"], capture_output=True,
+                         text=True, check=True).stdout
+        assert "match 0a4d000a/ffffffff at 12" in ingress  # from h1, 10.77.0.10
+        assert "0a4d000b" not in ingress  # not from the outsider, 10.77.0.11
+    finally:
+        outputs = [finish(agent, 240) for agent in agents]
     assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)
     assert "job finished (passed)" in outputs[1]
-    assert [host.tc_dump() for host in two_hosts] == before  # every NIC exactly as it was
+    # every NIC exactly as it was (the kernel lists mq's hashed queues in an order of its own)
+    assert [sorted(host.tc_dump().splitlines()) for host in two_hosts] == [
+        sorted(dump.splitlines()) for dump in before]
     assert not any(host_state(host).exists() for host in two_hosts)
 
     (report,) = json.loads((tmp_path / "result0.json").read_text())["scenarios"]
@@ -118,6 +153,9 @@ def test_two_hosts_run_default_with_the_checks_of_run(two_hosts, tmp_path):
     for mode in modes.values():
         counted = {entry["hostname"]: entry["sent_bytes"] for entry in mode["link_bytes"]}
         assert set(counted) == {"nsdhost0", "nsdhost1"}
+        # each host's node rank, though c10d numbered node 1's ranks first
+        assert {(e["hostname"], e["node_rank"], e["rank"]) for e in mode["link_bytes"]} == {
+            ("nsdhost0", 0, 1), ("nsdhost1", 1, 0)}
         assert all(sent > 0 for sent in counted.values())
         assert sum(counted.values()) / mode["iterations"] == pytest.approx(
             mode["wire_bytes_per_iteration"])

@@ -110,3 +110,17 @@ def test_collective_s_in_baselines(tmp_path):
     old.write_text(path.read_text().replace('"collective_s"', '"ignored_s"'))
     with pytest.raises(BaselineError, match="no collective_s"):
         Baseline(old).compare(report({"fp32": mode("fp32", 0.5, 0.02, 2)}), tolerance, 0.05)
+
+
+def test_stragglers_are_named_by_the_node_each_rank_ran_on_not_by_rank_order():
+    """torchrun's c10d numbers nodes by their addresses sorted as strings: hosts .9, .10, .11
+    (node ranks 0, 1, 2) get group ranks 2, 0, 1. Rank 0 ran on node 1."""
+    node_of_rank = {0: 1, 1: 2, 2: 0}
+    ranks = [rank(index, [100.0 + (0.2 if index == 0 else 0.0)], [[(0.1, 0.3)]])
+             for index in range(3)]
+    ranks = [r.model_copy(update={"node_rank": node_of_rank[r.rank]}) for r in ranks]
+    result = combine(ranks, **(META | {"world_size": 3, "iterations": 1}))
+    assert [s.rank for s in result.stragglers] == [0]
+    report = ModeReport(result, 1.0, 0.0, 1e9, node_names=["gpu0", "gpu1", "gpu2"])
+    assert [row.node for row in report.straggler_rows()] == ["gpu1"]
+    assert report.straggler_summary().node == "gpu1"

@@ -26,7 +26,8 @@ SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
             "workload": {"params": "1M", "modes": ["fp32", "amp", "amp-fp16"]}}
 
 
-def mode(name, compute=0.1, comm=0.5, noise=0.05, n=20, seed=0, wire=8e6, spread=1.0):
+def mode(name, compute=0.1, comm=0.5, noise=0.05, n=20, seed=0, wire=8e6, spread=1.0,
+         backend="gloo"):
     draw = random.Random(seed)
     compute_s = [compute + draw.gauss(0, 0.005) for _ in range(n)]
     comm_s = [max(comm + draw.gauss(0, noise * spread), 0.0) for _ in range(n)]
@@ -34,7 +35,7 @@ def mode(name, compute=0.1, comm=0.5, noise=0.05, n=20, seed=0, wire=8e6, spread
     result = ModeResult.model_construct(
         mode=name, iteration_s=iteration_s, compute_s=compute_s, comm_s=comm_s,
         sent_bytes_per_iteration=int(wire / 2), world_size=2, iterations=n, params=1_000_000,
-        ranks=[], profiler_allreduce_s=None)
+        ranks=[], profiler_allreduce_s=None, backend=backend)
     return ModeReport(result, wire, 0.0, 1e9)
 
 
@@ -117,6 +118,20 @@ def test_baseline_round_trip_and_the_gate(tmp_path):
     for word in ("REGRESSION", "iteration_s.median", "baseline", "current", "threshold",
                  "Mann-Whitney p"):
         assert word in text
+
+
+def test_a_baseline_on_gloo_is_never_compared_with_a_run_on_nccl(tmp_path):
+    """backend = 'auto' runs gloo on a CPU host and NCCL on a GPU host: the numbers of one
+    are no baseline for the other, and the gate says so instead of comparing them."""
+    baseline = Baseline(save([report_with({"fp32": mode("fp32", seed=1)})],
+                             tmp_path / "base.json"))
+    tolerances = [Tolerance.parse("median:10%")]
+    on_nccl = report_with({"fp32": mode("fp32", seed=2, backend="nccl")})
+    (verdict,) = baseline.compare(on_nccl, tolerances, 0.05)
+    assert not verdict.passed
+    assert "the baseline ran on gloo, this run on nccl: not compared" in verdict.detail
+    assert all(v.passed for v in baseline.compare(
+        report_with({"fp32": mode("fp32", seed=2)}), tolerances, 0.05))
 
 
 def test_over_the_tolerance_but_not_significant_is_not_a_regression():

@@ -43,7 +43,8 @@ def _summary(values: list[float]) -> dict:
 def make_document(level: float, number: int, *, seed: int = 0, scenario: str = "default",
                   digest: str = "d1", host: MachineInfo | None = HOST, comm_share: float = 0.75,
                   wire: float = 140e6, status: str = "passed",
-                  trained: tuple[str, ...] = ("fp32", "amp-fp16")) -> ResultsDocument:
+                  trained: tuple[str, ...] = ("fp32", "amp-fp16"),
+                  backend: str | None = None) -> ResultsDocument:
     """One run of `scenario`: fp32 at `level` seconds per iteration (20 iterations, 1% noise),
     amp-fp16 at half the comm."""
     rng = np.random.default_rng(seed * 1000 + number)
@@ -67,6 +68,8 @@ def make_document(level: float, number: int, *, seed: int = 0, scenario: str = "
             "scenarios": [{"name": scenario, "status": status, "modes": modes,
                            "checks": [{"name": "fidelity", "passed": True, "detail": "ok"}],
                            "scenario_digest": digest}]}
+    if backend is not None:
+        data["scenarios"][0]["placement"] = {"requested": "auto", "backend": backend}
     if host is None:
         del data["machine_info"]
     return parse_document(data)
@@ -222,6 +225,21 @@ def test_another_kind_of_host_splits_the_series_but_a_new_hostname_does_not(tmp_
     gating = [h for h in report.metrics if h.gating]  # one metric, two modes: two series
     assert sorted(h.key.mode for h in gating) == ["amp-fp16", "fp32"]
     assert all(len(h.values) == 1 and "Intel Xeon" in h.key.host for h in gating)
+
+
+def test_gloo_and_nccl_runs_are_separate_series_and_the_split_says_why(tmp_path):
+    """'auto' is gloo on a CPU runner and NCCL on a GPU one: never one series. Runs written
+    before the placement was recorded were gloo."""
+    paths = [save(make_document(level, n, backend=backend), tmp_path / f"r{n}.json")
+             for n, level, backend in ((1, 0.7, None), (2, 0.7, "gloo"), (3, 0.7, "gloo"),
+                                       (4, 0.2, "nccl"))]
+    report = judge_history(load_runs(paths)[0], [Metric.parse("iteration_s.median")], {})
+    assert report.passed  # NCCL's 0.2 s is not judged against gloo's 0.7 s
+    assert any("ran on different backends (gloo, nccl)" in note for note in report.notes)
+    assert "different kinds of host" not in " ".join(report.notes)
+    gating = [h for h in report.metrics if h.gating]
+    assert gating and all(len(h.values) == 1 and h.key.host.endswith("nccl") for h in gating)
+    assert {len(h.values) for h in report.metrics if not h.gating} == {3}
 
 
 def test_runs_are_ordered_by_their_recorded_time_and_undated_ones_as_given(tmp_path):

@@ -111,3 +111,40 @@ def test_inventory_from_the_child_names_what_is_missing():
     assert "without NCCL" in no_nccl.missing
     assert inventory_from({"torch": "2.11", "cuda": "13.0", "count": 1, "nccl": "2.27.7",
                            "names": ["H200"]}).nccl_usable
+
+
+def test_nccl_is_pinned_to_ring_and_simple_unless_the_user_chose_and_it_says_so():
+    """Ring or tree per message size: their bytes between nodes differ up to 1.75x with
+    several ranks per node, and fp16 buckets are half the size."""
+    sc = scenario(nodes=2, ranks=4)
+    placement = place(sc.workload, sc.topology, EIGHT, environ={})
+    (n0, _) = placement.node_env("r", ["n0", "n1"], environ={})
+    assert n0["NCCL_ALGO"] == "Ring" and n0["NCCL_PROTO"] == "Simple"
+    assert "NCCL_ALGO=Ring" in placement.describe()
+    assert placement.as_dict()["nccl_pinned"] == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
+    mine = {"NCCL_ALGO": "Tree"}
+    chosen = place(sc.workload, sc.topology, EIGHT, environ=mine)
+    (n0, _) = chosen.node_env("r", ["n0", "n1"], environ=mine)
+    assert "NCCL_ALGO" not in n0 and n0["NCCL_PROTO"] == "Simple"  # the user's Tree passes
+    assert chosen.pinned == {"NCCL_PROTO": "Simple"}
+
+
+def test_sharing_a_gpu_in_exclusive_compute_mode_is_refused_and_sharing_is_said():
+    sc = scenario(nodes=2, ranks=1, share=True)
+    exclusive = GpuInventory(1, ("NVIDIA H200",), "2.11.0", "13.0", "2.27.7",
+                             compute_modes=("Exclusive_Process",))
+    refused = place(sc.workload, sc.topology, exclusive, environ={})
+    assert refused.refused and "Exclusive_Process" in refused.refused
+    assert "nvidia-smi -c DEFAULT" in refused.refused
+    shared = place(sc.workload, sc.topology, H200, environ={})  # compute mode unknown: shares
+    assert shared.refused is None and shared.gpus.shared
+    assert "time-slice" in shared.describe()
+    assert "communication times" in shared.as_dict()["shared_gpu_note"]
+    own = place(scenario(nodes=2, ranks=1).workload, sc.topology, EIGHT, environ={})
+    assert own.as_dict()["shared_gpu_note"] is None
+
+
+def test_the_gpu_probe_reads_compute_modes():
+    found = inventory_from({"torch": "2.11", "cuda": "13.0", "count": 1, "nccl": "2.27.7",
+                            "compute_modes": ["Exclusive_Process"]})
+    assert found.compute_modes == ("Exclusive_Process",)
