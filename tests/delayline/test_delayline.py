@@ -227,3 +227,19 @@ def test_sigterm_exits_zero_with_stats(bed) -> None:
     assert process.returncode == 0
     assert {"forwarded", "dropped_loss", "dropped_queue_full", "late_p50_us",
             "late_p99_us"} <= stats.keys()
+
+
+@pytest.mark.netns
+def test_clean_spares_a_live_bench(bed) -> None:
+    """`netsim-ddp clean`, run by anyone while a bench lives (other test runs on this host do),
+    must leave it alone: without its run lock the bench looked like a killed run's litter, and
+    a clean SIGKILLed its forwarder mid-blast (a run here: "forwarder exited with -9" after B
+    had waited 10 s for a datagram). A dry run says what a clean would do, touching nothing."""
+    from netsim_ddp.fabric import stale
+
+    process = bed.start(DelayLineSpec(delay_s=0.001))
+    report = stale.clean_stale_runs(dry_run=True)
+    assert bed.run_id in report.live_runs
+    assert not set(bed.namespaces) & set(report.removed)
+    assert process.poll() is None
+    bed.stop()
