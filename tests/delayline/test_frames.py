@@ -62,9 +62,12 @@ class Outcome:
 
 
 def run_driver(driver: Path, frames: list[bytes], *options: str,
-               arrival_ns: int = 1_000_000_000) -> Outcome:
+               arrival_ns: int = 1_000_000_000, arrivals_ns: list[int] | None = None) -> Outcome:
+    """Feed `frames` to the forwarder's handle_frame; all arrive at `arrival_ns`, or frame i at
+    arrivals_ns[i] (the arrival times the forwarder would have mapped from kernel stamps)."""
     stdin = b"".join(struct.pack("<I", len(frame)) + frame for frame in frames)
     env = {**os.environ, "NSD_ARRIVAL_NS": str(arrival_ns),
+           "NSD_ARRIVALS_NS": ",".join(map(str, arrivals_ns or [])),
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:exitcode=99",
            "UBSAN_OPTIONS": "halt_on_error=1:exitcode=98:print_stacktrace=1"}
     result = subprocess.run([str(driver), *BASE_OPTIONS, *options], input=stdin, env=env,
@@ -200,6 +203,7 @@ BAD_OPTIONS = {
     "segment-7": ("--segment", "7"),
     "seed-text": ("--seed", "abc"),
     "spin-negative": ("--spin-ns", "-5"),
+    "test-offset-error-negative": ("--test-offset-error-ns", "-1"),
 }
 
 
@@ -229,3 +233,88 @@ def test_queue_bound_counts_the_memory_each_packet_holds(driver) -> None:
     assert overhead > 0
     assert sum(len(data) + overhead for _, data in out.packets) <= cap
     assert out.stats["dropped_queue_full"] == 1334 - len(out.packets) > 0
+
+
+# -- arrival order: kept whatever the clocks do; only jitter reorders -------------------------
+
+MS = 1_000_000
+
+
+def numbered_frames(count: int) -> list[bytes]:
+    """Frames told apart by their length (frame i carries 100 + i bytes of payload), whole:
+    not GSO, so never cut."""
+    return [tcp_frame(payload=100 + i, gso_type=0) for i in range(count)]
+
+
+def release_order(outcome: Outcome) -> list[int]:
+    return [len(data) - len(tcp_frame(payload=100, gso_type=0)) for _, data in outcome.packets]
+
+
+def rfc4737_reordered(order: list[int]) -> int:
+    """Frames that left after a frame that arrived after them (each counted once)."""
+    highest, late = -1, 0
+    for seq in order:
+        late += seq < highest
+        highest = max(highest, seq)
+    return late
+
+
+def test_arrival_time_going_backwards_cannot_reorder_without_jitter(driver) -> None:
+    """Issue 21, in the forwarder's own code: frame 2's arrival time came out 16 us before
+    frame 1's (its batch's clock offset was sampled across an interruption, as in the trace
+    that caught it: 20 us between the two clock reads), so its due time did too, and the heap
+    released frames 2 and 3 first. It must leave after frame 1, at the earliest when 1 does."""
+    base = 1_000 * MS
+    arrivals = [base, base + 4_000, base + 8_000 - 20_000, base + 12_000 - 20_000,
+                base + 16_000]  # frames 2 and 3: one batch whose offset is 20 us too large
+    out = checked(run_driver(driver, numbered_frames(5), "--delay-ns", str(2 * MS),
+                             arrivals_ns=arrivals))
+    assert release_order(out) == [0, 1, 2, 3, 4]
+    dues = [due for due, _ in out.packets]
+    assert dues == sorted(dues)
+    assert dues[2] == dues[3] == dues[1] == base + 4_000 + 2 * MS  # held to frame 1's time
+    assert out.stats["reordered"] == 0
+    assert out.stats["arrivals_clamped"] == 2
+
+
+def test_a_realtime_step_back_leaves_only_the_distribution_to_reorder(driver) -> None:
+    """With jitter, due times cross as the distribution makes them (netem does too), never
+    because the clocks moved: 40 frames mapped 1 s into the past (CLOCK_REALTIME stepped back
+    between the stamps and the offset sample) arrive, as far as the delay goes, with the 40
+    before them. Taken at face value they would all leave 1 s early, before the first 40."""
+    base, delay, jitter = 5_000 * MS, 2 * MS, 1 * MS
+    arrivals = [base + i * 1_000 for i in range(40)] + [base - 1_000 * MS + i * 1_000
+                                                        for i in range(40)]
+    out = checked(run_driver(driver, numbered_frames(80), "--delay-ns", str(delay),
+                             "--jitter-ns", str(jitter), "--dist", "uniform", "--seed", "3",
+                             arrivals_ns=arrivals))
+    last_true_arrival = base + 39_000
+    assert all(base + delay - jitter <= due <= last_true_arrival + delay + jitter
+               for due, _ in out.packets)
+    assert out.stats["arrivals_clamped"] == 40
+    order = release_order(out)
+    assert sorted(order) == list(range(80))
+    assert out.stats["reordered"] == rfc4737_reordered(order)
+
+
+def test_reordered_counts_each_frame_overtaken_once(driver) -> None:
+    """The counter against its definition: frames 10 us apart, delay 1 ms +- 200 us: due times
+    cross, and `reordered` is the number of frames that leave after a later-arrived one."""
+    base = 1_000 * MS
+    out = checked(run_driver(driver, numbered_frames(300), "--delay-ns", str(MS),
+                             "--jitter-ns", str(200_000), "--dist", "normal", "--seed", "11",
+                             arrivals_ns=[base + i * 10_000 for i in range(300)]))
+    order = release_order(out)
+    assert sorted(order) == list(range(300))
+    assert 0 < out.stats["reordered"] == rfc4737_reordered(order) < 300
+    assert out.stats["arrivals_clamped"] == 0
+    assert out.stats["jitter_us"] == 200.0
+
+
+def test_without_jitter_a_steady_stream_is_never_counted_reordered(driver) -> None:
+    base = 1_000 * MS
+    out = checked(run_driver(driver, numbered_frames(100), "--delay-ns", str(MS),
+                             arrivals_ns=[base + i * 10_000 for i in range(100)]))
+    assert release_order(out) == list(range(100))
+    assert out.stats["reordered"] == out.stats["arrivals_clamped"] == 0
+    assert out.stats["jitter_us"] == 0

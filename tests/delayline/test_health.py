@@ -63,6 +63,37 @@ def test_lateness_beyond_the_p98_fails() -> None:
     assert judge("n0", counters(1, 0), counters(2, 1000, late=20), expect_traffic=True).passed
 
 
+def test_reordering_on_a_link_without_jitter_fails() -> None:
+    """Issue 21: netem keeps order without jitter, and TCP reads reordering as loss."""
+    health = judge("n0", counters(1, 0), counters(2, 10_000, reordered=1, jitter_us=0),
+                   expect_traffic=True)
+    assert not health.passed
+    assert "1 frames left after a frame that arrived after them, on a link without jitter" \
+        in health.detail
+    # Counted before the window: not this window's.
+    assert judge("n0", counters(1, 0, reordered=4), counters(2, 10_000, reordered=4),
+                 expect_traffic=True).passed
+
+
+def test_reordering_by_jitter_is_reported_not_failed() -> None:
+    health = judge("n0", counters(1, 0), counters(2, 10_000, reordered=250, jitter_us=100),
+                   expect_traffic=True)
+    assert health.passed
+    assert health.detail.endswith("0 more than 500 us late, 250 reordered by jitter")
+
+
+def test_runner_fails_a_run_whose_line_reordered_without_jitter() -> None:
+    monitor = SimpleNamespace(snapshots=[
+        {"monotonic_ns": 0}, counters(2.0, 5000), counters(4.0, 9000, reordered=2)])
+    final = {"n0": {**counters(5, 9000, reordered=2), "jitter_us": 0.0, "late_p99_us": 80}}
+    checks = runner.delay_line_checks({"n0": monitor}, final,
+                                      {"fp32": _mode_result(2.1, 3.9)}, multi_node=True)
+    assert [(check.name, check.passed) for check in checks] == [
+        ("delay-line:fp32", False), ("delay-line", False)]
+    assert all("2 frames left after a frame that arrived after them" in check.detail
+               for check in checks)
+
+
 def test_a_line_that_saw_nothing_while_ranks_trained_fails() -> None:
     health = judge("n0", counters(1, 500), counters(2, 500), expect_traffic=True)
     assert not health.passed and "received no frame" in health.detail

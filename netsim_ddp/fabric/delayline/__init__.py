@@ -86,7 +86,8 @@ def queue_bytes_for(rate_bps: float, delay_s: float, jitter_s: float) -> int:
 
 def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
             spin_us: float = 200.0, rt_priority: int = 0,
-            rcvbuf_bytes: int = 1 << 20, late_bound_s: float | None = None) -> list[str]:
+            rcvbuf_bytes: int = 1 << 20, late_bound_s: float | None = None,
+            test_offset_error_ns: int = 0) -> list[str]:
     """argv that runs the forwarder; start it inside the delay namespace.
 
     spin_us: the most the forwarder busy-polls before a due time (it learns how late its
@@ -97,10 +98,15 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
     falls behind (overflow is counted as dropped_socket).
     late_bound_s: frames released later than this after their due time are counted
     (late_over_bound); by default the health check's bound for this delay.
+    test_offset_error_ns: for tests only: every second receive batch maps its kernel stamps
+    with a clock offset this much too large, as an interrupted offset sample would (the cause
+    of issue 21); the forwarder must keep arrival order all the same.
     """
     from .health import late_bound_s as default_late_bound_s
 
     late = default_late_bound_s(spec.delay_s) if late_bound_s is None else late_bound_s
+    test_hook = (["--test-offset-error-ns", str(int(test_offset_error_ns))]
+                 if test_offset_error_ns else [])
     return [
         str(build_binary()), "--in", in_ifname, "--out", out_ifname,
         "--delay-ns", str(round(spec.delay_s * 1e9)),
@@ -113,6 +119,7 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
         "--rt-priority", str(rt_priority),
         "--rcvbuf", str(rcvbuf_bytes),
         "--late-bound-ns", str(round(late * 1e9)),
+        *test_hook,
     ]
 
 
@@ -135,7 +142,11 @@ def parse_stats(stdout: str) -> dict[str, object]:
     dropped_queue_full, dropped_socket, dropped_truncated, tx_errors, segmented_frames,
     segments_made, not_segmented, queued_at_exit, packet_overhead_bytes, queued_bytes_max
     (frame bytes plus per-packet memory), late_p50_us, late_p99_us, late_max_us, spin_us,
-    late_bound_us, late_over_bound, monotonic_ns.
+    late_bound_us, late_over_bound, jitter_us (as configured), reordered (frames released
+    after a frame that arrived later: RFC 4737's reordered packets; only jitter may cause
+    any), arrivals_clamped (frames whose arrival time, mapped from the kernel's stamp, came
+    out earlier than the previous frame's and was taken as that instead: the clocks' error,
+    harmless but counted), monotonic_ns.
     """
     stats = [line for line in _json_lines(stdout) if line.get("event") == "stats"]
     if not stats:

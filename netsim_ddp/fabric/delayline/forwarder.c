@@ -10,11 +10,18 @@
  *    segments here (TCP over IPv4/IPv6) so that loss applies per wire packet, as on a real link.
  *  - Receive timestamps come from the kernel (SO_TIMESTAMPNS, taken when the frame entered the
  *    namespace), mapped to CLOCK_MONOTONIC: a frame that waited in the socket queue while this
- *    process was descheduled still gets its true arrival time.
+ *    process was descheduled still gets its true arrival time. The clocks' offset is read
+ *    bracketed by two CLOCK_MONOTONIC reads, the tightest of a few tries (sample_offset).
+ *  - Arrival order is kept whatever the clocks do: a frame's arrival time is never earlier than
+ *    the previous frame's (counted in arrivals_clamped), and without jitter its due time never
+ *    earlier than the previous frame's. Issue 21: one interrupted offset sample put a batch's
+ *    due times 16 us before the previous batch's and the heap released them first.
  *  - Waiting uses ppoll (hrtimer based) with the timer slack set to 1 ns, plus an optional short
  *    busy-wait before each due time: microsecond resolution, no millisecond epoll timeout.
  *  - recvmmsg/sendmmsg batches; a binary min-heap ordered by (due time, arrival sequence): FIFO
  *    when the delay is constant, netem-like reordering when jitter makes due times cross.
+ *    `reordered` counts the frames released after a frame that arrived later (RFC 4737's
+ *    reordered packets): 0 without jitter, by construction.
  *
  * Exit: SIGTERM/SIGINT end the loop; one JSON line of counters goes to stdout. At start, one
  * JSON line {"event": "ready", ...} goes to stdout once both sockets are bound. SIGUSR1 prints
@@ -68,6 +75,9 @@ struct options {
     uint64_t queue_bytes;
     int rt_priority;
     int segment; /* -1: when loss > 0; 0 never; 1 always */
+    /* Tests only: added to the clocks' sampled offset after every second recvmmsg, as an
+     * interrupted sample would be (tests/delayline: the cause of issue 21, made deterministic). */
+    int64_t test_offset_error_ns;
 };
 
 static void die(const char *what) {
@@ -127,6 +137,7 @@ static void parse_options(int argc, char **argv, struct options *o) {
         {"spin-ns", required_argument, 0, 'S'},  {"rt-priority", required_argument, 0, 'r'},
         {"segment", required_argument, 0, 'g'},  {"rcvbuf", required_argument, 0, 'b'},
         {"late-bound-ns", required_argument, 0, 'L'},
+        {"test-offset-error-ns", required_argument, 0, 'T'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof(*o));
     o->queue_bytes = 64ull << 20;
@@ -151,6 +162,9 @@ static void parse_options(int argc, char **argv, struct options *o) {
         case 'g': o->segment = (int)parse_int("segment", optarg, -1, 1); break;
         case 'b': o->rcvbuf = parse_int("rcvbuf", optarg, 4096, MAX_RCVBUF); break;
         case 'L': o->late_bound_ns = parse_int("late-bound-ns", optarg, 0, MAX_DELAY_NS); break;
+        case 'T':
+            o->test_offset_error_ns = parse_int("test-offset-error-ns", optarg, 0, MAX_DELAY_NS);
+            break;
         case 'D':
             if (!strcmp(optarg, "uniform")) o->dist = DIST_UNIFORM;
             else if (!strcmp(optarg, "normal")) o->dist = DIST_NORMAL;
@@ -276,6 +290,7 @@ static struct {
     uint64_t dropped_loss, dropped_queue_full, dropped_socket, dropped_truncated, tx_errors;
     uint64_t segmented_frames, segments_made, not_segmented, late_over_hist;
     uint64_t late_recorded, late_over_bound;
+    uint64_t reordered, arrivals_clamped;
     int64_t late_max_ns;
     uint64_t queued_bytes, queued_bytes_max;
 } st;
@@ -289,6 +304,22 @@ static void record_late(int64_t late_ns) {
     int64_t bucket = late_ns / 1000;
     if (bucket >= HIST_BUCKETS) st.late_over_hist++;
     else late_hist[bucket]++;
+}
+
+/* Called for each frame as it leaves, in release order. A frame is reordered when a frame that
+ * arrived after it (higher sequence) has already left: RFC 4737's definition, so each frame
+ * overtaken counts once however many overtook it. With jitter that is the netem-like
+ * reordering the distribution makes; without jitter it cannot happen (handle_frame). */
+static uint64_t released_seq_max;
+static int released_any;
+
+static void note_release(const struct pkt *p) {
+    if (released_any && p->seq < released_seq_max) {
+        st.reordered++;
+        return;
+    }
+    released_seq_max = p->seq;
+    released_any = 1;
 }
 
 /* Upper edge (us) of the bucket holding quantile q, or -1 when nothing was sent. The scan stops
@@ -510,6 +541,28 @@ static int64_t due_after(int64_t arrival, int64_t delay) {
     return arrival > INT64_MAX - delay ? INT64_MAX : arrival + delay;
 }
 
+/* CLOCK_REALTIME - CLOCK_MONOTONIC now. The REALTIME read is bracketed by two MONOTONIC reads
+ * and compared with their midpoint, so the error is at most half the bracket; of up to
+ * OFFSET_TRIES tries the tightest counts, stopping at the first within OFFSET_TIGHT_NS. One
+ * bare MONOTONIC-then-REALTIME pair (what this replaced) is wrong by however long it was
+ * interrupted between the two reads: here about 1 pair in 100 000 took 2 us to 4 ms, and
+ * one such sample put a whole batch's due times before the previous batch's (issue 21). */
+#define OFFSET_TRIES 4
+#define OFFSET_TIGHT_NS 1000
+
+static int64_t sample_offset(void) {
+    int64_t best = 0, best_width = INT64_MAX;
+    for (int i = 0; i < OFFSET_TRIES && best_width > OFFSET_TIGHT_NS; i++) {
+        int64_t m1 = clock_ns(CLOCK_MONOTONIC), r = clock_ns(CLOCK_REALTIME);
+        int64_t m2 = clock_ns(CLOCK_MONOTONIC);
+        if (m2 - m1 < best_width) {
+            best_width = m2 - m1;
+            best = r - (m1 + (m2 - m1) / 2);
+        }
+    }
+    return best;
+}
+
 /* Arrival time of a frame on CLOCK_MONOTONIC, from its kernel receive stamp (CLOCK_REALTIME).
  * The offset between the clocks is sampled right after each recvmmsg, so a clock step only
  * affects frames stamped before it; stamps from the future or >1 s old fall back to now. */
@@ -525,7 +578,14 @@ static int64_t arrival_ns(struct msghdr *m, int64_t mono_now, int64_t real_offse
     return mono_now;
 }
 
-/* One frame read from IN (vnet header + Ethernet frame) that arrived at `arrival` (ns). */
+static int64_t last_arrival = INT64_MIN, last_due = INT64_MIN;
+
+/* One frame read from IN (vnet header + Ethernet frame) that arrived at `arrival` (ns).
+ * Frames come in arrival order, so an arrival time earlier than the previous frame's is the
+ * clocks' error (an interrupted offset sample, a step of CLOCK_REALTIME, a stamp that fell back
+ * to "now"): it is taken as the previous one, and counted. Then only jitter can make due times
+ * cross; without jitter a due time is also never earlier than the previous one, whatever the
+ * cause, so the heap (due, then sequence) releases in arrival order. */
 static void handle_frame(const uint8_t *buf, uint32_t len, int truncated, int64_t arrival) {
     st.received++;
     st.received_bytes += len > (uint32_t)VNET_LEN ? len - VNET_LEN : 0;
@@ -533,7 +593,15 @@ static void handle_frame(const uint8_t *buf, uint32_t len, int truncated, int64_
         st.dropped_truncated++;
         return;
     }
-    enqueue_frame(buf, len, due_after(arrival, frame_delay()));
+    if (arrival < last_arrival) {
+        st.arrivals_clamped++;
+        arrival = last_arrival;
+    }
+    last_arrival = arrival;
+    int64_t due = due_after(arrival, frame_delay());
+    if (opt.jitter_ns == 0 && due < last_due) due = last_due;
+    last_due = due;
+    enqueue_frame(buf, len, due);
 }
 
 static int receive_batch(int fd) {
@@ -548,7 +616,9 @@ static int receive_batch(int fd) {
         if (errno == EAGAIN || errno == EINTR) return 0;
         die("recvmmsg");
     }
-    int64_t mono = clock_ns(CLOCK_MONOTONIC), offset = clock_ns(CLOCK_REALTIME) - mono;
+    static uint64_t batches;
+    int64_t offset = sample_offset(), mono = clock_ns(CLOCK_MONOTONIC);
+    if (opt.test_offset_error_ns && batches++ % 2) offset += opt.test_offset_error_ns;
     for (int i = 0; i < n; i++) {
         struct msghdr *m = &rx_msgs[i].msg_hdr;
         uint32_t len = rx_msgs[i].msg_len;
@@ -580,6 +650,7 @@ static void release_due(int fd) {
             else off += r;
         }
         for (int i = 0; i < n; i++) {
+            note_release(batch[i]);
             record_late(now - batch[i]->due);
             st.forwarded++;
             st.forwarded_bytes += batch[i]->len - VNET_LEN;
@@ -629,7 +700,8 @@ static void print_stats(void) {
            "\"queued_at_exit\": %zu, \"packet_overhead_bytes\": %u, "
            "\"queued_bytes_max\": %llu, \"late_p50_us\": %.0f, \"late_p99_us\": %.0f, "
            "\"late_max_us\": %.1f, \"spin_us\": %.1f, \"late_bound_us\": %.1f, "
-           "\"late_over_bound\": %llu, \"monotonic_ns\": %lld}\n",
+           "\"late_over_bound\": %llu, \"jitter_us\": %.3f, \"reordered\": %llu, "
+           "\"arrivals_clamped\": %llu, \"monotonic_ns\": %lld}\n",
            (unsigned long long)st.received, (unsigned long long)st.received_bytes,
            (unsigned long long)st.forwarded, (unsigned long long)st.forwarded_bytes,
            (unsigned long long)st.dropped_loss, (unsigned long long)st.dropped_queue_full,
@@ -639,7 +711,8 @@ static void print_stats(void) {
            (unsigned long long)st.not_segmented, heap_n, PKT_OVERHEAD, (unsigned long long)st.queued_bytes_max, late_quantile_us(0.5),
            late_quantile_us(0.99), st.late_max_ns / 1000.0, spin_ns() / 1000.0,
            opt.late_bound_ns / 1000.0, (unsigned long long)st.late_over_bound,
-           (long long)clock_ns(CLOCK_MONOTONIC));
+           opt.jitter_ns / 1000.0, (unsigned long long)st.reordered,
+           (unsigned long long)st.arrivals_clamped, (long long)clock_ns(CLOCK_MONOTONIC));
     fflush(stdout);
 }
 
@@ -676,8 +749,9 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa_report, NULL);
 
-    printf("{\"event\": \"ready\", \"pid\": %d, \"in\": \"%s\", \"out\": \"%s\"}\n", getpid(),
-           opt.in_if, opt.out_if);
+    printf("{\"event\": \"ready\", \"pid\": %d, \"in\": \"%s\", \"out\": \"%s\", "
+           "\"test_offset_error_ns\": %lld}\n",
+           getpid(), opt.in_if, opt.out_if, (long long)opt.test_offset_error_ns);
     fflush(stdout);
 
     struct pollfd pfd = {.fd = rx, .events = POLLIN};

@@ -10,7 +10,10 @@ Its counters are judged per window (each mode's measured iterations) and for the
   MAX_DROP_FRACTION of the frames received, and no transmit error;
 - lateness: the forwarder counts frames released more than `late_bound_s(delay)` after their
   due time; at most LATE_FRACTION of them may be, i.e. the 98th percentile stays within it;
-- a link that carried training but shows no frame means the line is not in the path.
+- a link that carried training but shows no frame means the line is not in the path;
+- order: without jitter no frame may leave after one that arrived after it (`reordered`):
+  netem keeps order then, and TCP reads reordering as loss. With jitter, reordering is what
+  the scenario asked for (netem's too): counted in the detail, not judged.
 Configured loss (`dropped_loss`) is what the scenario asked for and is not judged here.
 """
 
@@ -194,6 +197,7 @@ def judge(node: str, before: Mapping[str, float], after: Mapping[str, float],
     received, forwarded = grew("received"), grew("forwarded")
     drops = sum(grew(key) for key in DROP_COUNTERS)
     tx_errors, late = grew("tx_errors"), grew("late_over_bound")
+    reordered, jitter_us = grew("reordered"), float(after.get("jitter_us", 0))
     bound_us = float(after.get("late_bound_us", 0))
     problems = []
     if expect_traffic and received == 0:
@@ -210,10 +214,14 @@ def judge(node: str, before: Mapping[str, float], after: Mapping[str, float],
         problems.append(f"{late:.0f} of {forwarded:.0f} frames ({late / forwarded:.1%}) left "
                         f"more than {bound_us:.0f} us after their due time (its p99 must stay "
                         f"within that: at most {LATE_FRACTION:.0%})")
+    if reordered and not jitter_us:
+        problems.append(f"{reordered:.0f} frames left after a frame that arrived after them, "
+                        f"on a link without jitter (reordered; TCP reads it as loss)")
     if problems:
         return Health(node, False, f"{node}: " + "; ".join(problems))
+    by_jitter = f", {reordered:.0f} reordered by jitter" if reordered else ""
     return Health(node, True, f"{node}: {received:.0f} frames, {drops:.0f} dropped unasked, "
-                              f"{late:.0f} more than {bound_us:.0f} us late")
+                              f"{late:.0f} more than {bound_us:.0f} us late{by_jitter}")
 
 
 def judge_window(monitors: Mapping[str, ForwarderMonitor], start_s: float, end_s: float,

@@ -5,6 +5,9 @@
 
 Only A -> B is delayed, so an A->B->A round trip takes the configured one-way delay plus the
 base round trip. Every object is named nsd<run id>-dl* and removed on exit, even on error.
+Like a Fabric, the bench holds its run's lock while it lives: `netsim-ddp clean`, run by
+anyone meanwhile, then leaves it alone instead of killing its forwarder and namespaces as a
+dead run's litter.
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ def testbed(mtu: int = 1500, tbf_rate_bit: int | None = None) -> Iterator[Testbe
     bed = Testbed(run_id=run_id, mtu=mtu, ns_a=naming.netns_name(run_id, "dla"),
                   ns_b=naming.netns_name(run_id, "dlb"), ns_d=naming.netns_name(run_id, "dld"))
     with contextlib.ExitStack() as stack:
+        lock = naming.RunLock(run_id)
+        lock.acquire()
+        stack.callback(lock.release)
         for ns in bed.namespaces:
             netns.create(ns)
             stack.callback(netns.remove, ns)
