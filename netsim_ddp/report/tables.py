@@ -21,7 +21,7 @@ def mode_table(report: ScenarioReport) -> Table:
     workload = scenario.workload
     assert workload is not None  # only reports of runs that trained have a table
     title = (f"{scenario.name}: {topology.nodes} nodes x {topology.ranks_per_node} ranks, "
-             f"{format_rate(scenario.link.rate)} links, {workload.model} "
+             f"{format_rate(scenario.link.rate)} links, {workload.layout or workload.model} "
              f"{workload.params / 1e6:.1f}M params")
     placement = report.placement
     if placement is not None and placement.backend != "gloo":
@@ -38,6 +38,9 @@ def mode_table(report: ScenarioReport) -> Table:
                      "in flight; eff = compute / iteration; wire MB per iteration, all nodes, "
                      "background excluded; busbw / link rate; straggler: the node whose "
                      "backward finished last most often (iterations) and its median lead")
+    if report.notice:  # a scale model says so, in one line, in every table
+        table.title = f"{title}\n{report.notice}" + (
+            f" [{report.dilation_chosen}]" if report.dilation_chosen else "")
     reference = report.modes.get(REFERENCE_MODE)
     for name, mode in report.modes.items():
         ratio = (mode.wire_bytes_per_iteration / reference.wire_bytes_per_iteration
