@@ -78,3 +78,14 @@ def notice(dilation: float, compute_source: str) -> str | None:
                      "on the target's schedule" if compute_source == "replay" else
                      f"compute {compute_source}: gradients released on the profiled schedule")
     return "scale model: " + "; ".join(parts)
+
+
+REAL_TIME = "real time, real compute"
+
+
+def emulation_label(dilation: float, compute_source: str) -> str:
+    """What kind of run made a series' numbers: they compare only with the same kind
+    (baselines and history keep them apart)."""
+    if dilation == 1 and compute_source == "real":
+        return REAL_TIME
+    return f"dilation x{dilation:g}, compute {compute_source}"

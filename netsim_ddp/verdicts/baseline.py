@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.metrics import statistic
 from netsim_ddp.common.version import __version__
+from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
 from netsim_ddp.measure.document import MachineInfo, content_digest, machine_warning, utc_now
 from netsim_ddp.verdicts.gate import Tolerance, Verdict, regression_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
@@ -77,7 +78,8 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                     "scenario": report.scenario.name, "digest": scenario_digest(report),
                     "mode": mode, "iteration_s": r.iteration_s, "comm_s": r.comm_s,
                     "compute_s": r.compute_s, "collective_s": r.collective_s,
-                    "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
+                    "wire_bytes_per_iteration": result.wire_bytes_per_iteration,
+                    "emulation": emulation_label(report.dilation, report.compute_source)}},
             })
     document = {
         "machine_info": MachineInfo.of_this_host().dump(),
@@ -97,6 +99,7 @@ class BaselineEntry:
     digest: str
     samples: dict[str, list[float]]
     wire_bytes_per_iteration: float
+    emulation: str = REAL_TIME
 
 
 FiniteSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -115,6 +118,7 @@ class _Saved(BaseModel):
     compute_s: list[FiniteSeconds] = Field(min_length=1)
     collective_s: list[FiniteSeconds] | None = None  # baselines saved before it was measured
     wire_bytes_per_iteration: float = Field(ge=0)
+    emulation: str = REAL_TIME  # baselines saved before scale models were: real time
 
 
 class _ExtraInfo(BaseModel):
@@ -173,7 +177,7 @@ class Baseline:
                 {"iteration_s": data.iteration_s, "comm_s": data.comm_s,
                  "compute_s": data.compute_s}
                 | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
-                data.wire_bytes_per_iteration)
+                data.wire_bytes_per_iteration, data.emulation)
 
     def machine_warning(self, current: MachineInfo | None = None) -> str | None:
         """A warning line naming the fields of `machine_info` (default: this host's) that
@@ -199,6 +203,12 @@ class Baseline:
                 verdicts.append(Verdict(f"baseline:{mode}", False,
                                         f"{name}[{mode}]: not in baseline {self.path}"))
                 continue
+            emulation = emulation_label(report.dilation, report.compute_source)
+            if entry.emulation != emulation:
+                raise BaselineError(
+                    f"{self.path}: {name}[{mode}] was saved from a run in {entry.emulation}, "
+                    f"this run is in {emulation}: a scale model's times are not comparable "
+                    "with another dilation or compute source; save a baseline of this kind")
             note = ("" if entry.digest == digest else
                     " (the baseline was taken with a different network or workload)")
             for tolerance in tolerances:
