@@ -71,6 +71,37 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
     return path
 
 
+def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
+                        title: str | None = None) -> Path:
+    """The spread of collective and iteration time as the GPU count grows: per run (one per
+    GPU count), each mode's per-iteration standard deviation, and its median as a band's
+    reference. Times are the runs' own (a scale model's: the target's)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    modes = list(dict.fromkeys(mode for entry in entries for mode in entry.modes))
+    for ax, key, label in ((axes[0], "collective_s", "collective time sd (ms)"),
+                           (axes[1], "iteration_s", "iteration time sd (ms)")):
+        for index, mode in enumerate(modes):
+            points = sorted(
+                (entry.modes[mode].world_size, statistics.stdev(series) * 1e3)
+                for entry in entries if mode in entry.modes
+                and (series := getattr(entry.modes[mode], key)) and len(series) > 1)
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=mode,
+                        color=mode_color(mode, index))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    notices = {entry.emulation.notice for entry in entries if entry.emulation}
+    fig.suptitle((title or "spread per iteration vs GPU count")
+                 + ("\n" + "; ".join(sorted(notices))[:150] if notices else ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_wire_bytes(groups: list[tuple[str, ScenarioRecord]], path: Path,
                     title: str = "wire bytes per iteration (all nodes, background excluded)"
                     ) -> Path:
