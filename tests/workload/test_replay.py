@@ -159,3 +159,30 @@ def test_replay_clock_records_lateness() -> None:
     assert clock.late_s >= 0.02
     model = ReplayModel(replay_layout(config), clock)
     assert sum(p.numel() for p in model.parameters()) == 2400
+
+
+def test_profile_compute_feeds_the_replay(tmp_path) -> None:
+    """The profile command's layers are the replay layout's (same names, same order), every
+    layer of an MLP gets some backward time, and the replay splits compute by it."""
+    from click.testing import CliRunner
+
+    from netsim_ddp.cli import main
+    from netsim_ddp.workload.compute_profile import read_profile
+
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('name = "s"\n[topology]\nnodes = 2\n[link]\nrate = "1gbit"\n'
+                        '[workload]\nmodel = "mlp"\nparams = "200k"\nbatch_size = 64\n')
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(main, ["profile-compute", str(scenario), "--out", str(out),
+                                       "--steps", "3", "--warmup", "1"])
+    assert result.exit_code == 0, result.output
+    profile = read_profile(out)
+    assert len(profile.forward_s) == len(profile.backward_s) == 3
+    assert profile.timer == "perf_counter" and profile.device == "cpu"
+    config = WorkloadConfig(model="mlp", params="200k", profile=str(out))
+    layout = replay_layout(config)
+    assert [layer.name for layer in profile.layers] == [layer.name for layer in layout.layers]
+    assert all(layer.backward_s > 0 for layer in profile.layers)
+    schedule = replay_schedule(config, get_mode("fp32"), layout, profile)
+    assert schedule.compute_s == pytest.approx(profile.compute_s)
+    assert config.compute_source == "replay (profile)"
