@@ -90,6 +90,9 @@ def run_mode(
     timer = BucketTimer(device)
     trainer: Trainer | ReplayTrainer
     if config.replayed:
+        if device.type != "cpu":
+            raise RuntimeError("compute replay keeps its model on the CPU (its parameters are "
+                               "the zero page): run it on gloo (workload.backend = 'gloo')")
         trainer, batches, params = _replayed_trainer(config, mode, dilation, counter, timer)
         ddp = trainer.ddp
     else:
