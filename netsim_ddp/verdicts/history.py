@@ -250,6 +250,10 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
     for name, groups in parts.items():
         if len(groups) > 1:
             report.notes.append(_split_note(name, groups, current[name]))
+        kinds = sorted({key.emulation for key in series if key.scenario == name})
+        if len(kinds) > 1:  # a scale model's times never join another kind's series
+            report.notes.append(f"{name}: its runs are of {len(kinds)} kinds ("
+                                f"{'; '.join(kinds)}), judged as separate series")
     for key, points in series.items():
         gating = (key.digest, key.host) == current[key.scenario]
         for metric in metrics:

@@ -107,3 +107,25 @@ def test_a_baseline_of_another_dilation_is_refused(tmp_path) -> None:
                                                   0.05))
     with pytest.raises(BaselineError, match="dilation x10.*dilation x20"):
         baseline.compare(scale_report(20, [0.0, 0.0]), tolerances, 0.05)
+
+
+def test_history_keeps_kinds_of_run_apart(tmp_path) -> None:
+    from netsim_ddp.measure.document import save as save_document
+    from netsim_ddp.verdicts.history import judge_history, load_runs
+    from netsim_ddp.verdicts.scenario_report import results_document
+
+    paths = []
+    for index, k in enumerate((10, 10, 20, 1)):
+        report = scale_report(k, [0.0, 0.0])
+        if k == 1:  # a plain run of the same scenario: real time, real compute
+            report = ScenarioReport(Scenario.from_dict(
+                SCENARIO | {"emulation": {}, "workload": {"params": "1M", "modes": ["fp32"]}}))
+            plain = result(1.0).model_copy(update={"compute_source": "real"})
+            report.modes = {"fp32": ModeReport(to_target_time(plain, 1.0), 800.0, 0.0, 1e10)}
+        paths.append(save_document(results_document([report]), tmp_path / f"{index}.json"))
+    runs, _ = load_runs(paths, by_time=False)
+    history = judge_history(runs)
+    labels = {h.key.label for h in history.metrics}
+    assert labels == {"scale[fp32] (dilation x10, compute replay)",
+                      "scale[fp32] (dilation x20, compute replay)", "scale[fp32]"}
+    assert any("separate series" in note for note in history.notes)
