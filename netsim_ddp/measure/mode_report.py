@@ -96,7 +96,9 @@ class ModeReport:
             "hook_bytes_per_iteration": r.sent_bytes_per_iteration,
             "collective_s": r.collective_s, "bucket_s": r.bucket_s,
             # When each iteration started, from the first one's start (the window's edge).
-            "iteration_start_s": ([t - r.started_monotonic[0] for t in r.started_monotonic]
+            # A scale model's offsets in the target's time, like every duration here.
+            "iteration_start_s": ([(t - r.started_monotonic[0]) / r.dilation
+                                   for t in r.started_monotonic]
                                   if r.started_monotonic else None),
             "summary": {"iteration_s": self.iteration.as_dict(), "comm_s": self.comm.as_dict(),
                         "compute_s": self.compute.as_dict(),
