@@ -38,6 +38,7 @@ from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, load_do
 from netsim_ddp.report.plots import plot_jitter_by_gpus
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
+from netsim_ddp.workload.compute_profile import read_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -80,13 +81,19 @@ def part_invariance(out: Path) -> list[ScenarioReport]:
 
 def part_replay(out: Path) -> list[ScenarioReport]:
     default = SCENARIOS / "default.toml"
-    profile = out / "default-profile.json"
-    subprocess.run([sys.executable, "-m", "netsim_ddp.cli", "profile-compute", str(default),
-                    "--out", str(profile)], check=True)
-    base = _with(Scenario.load(default), **{"workload.iterations": 12})
+    profiles = {}
+    for mode in ("fp32", "amp-fp16"):  # autocast's CPU compute differs: profile it too
+        profiles[mode] = out / f"default-profile-{mode}.json"
+        subprocess.run([sys.executable, "-m", "netsim_ddp.cli", "profile-compute", str(default),
+                        "--out", str(profiles[mode]), "--mode", mode, "--steps", "12"],
+                       check=True)
+    amp = read_profile(profiles["amp-fp16"])
+    base = _with(Scenario.load(default), **{"workload.iterations": 12,
+                                            "workload.modes": ["fp32", "amp-fp16"]})
     real = _run(_with(base, name="default-real"), out)
-    replayed = _run(_with(base, name="default-replay", **{"workload.profile": str(profile)}),
-                    out)
+    replayed = _run(_with(base, name="default-replay", **{
+        "workload.profile": str(profiles["fp32"]),
+        "workload.compute_amp": f"{amp.compute_s!r}s"}), out)
     return [real, replayed]
 
 

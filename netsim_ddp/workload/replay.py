@@ -131,13 +131,18 @@ def replay_schedule(config: WorkloadConfig, mode: Mode, layout: Layout,
         forward_fraction = profile.forward_fraction
         if compute is None:
             compute = profile.compute_s
-            if mode.uses_autocast and profile.mode == "fp32":
+            if mode.uses_autocast and config.compute_amp is not None:
+                compute = config.compute_amp
+            elif mode.uses_autocast and profile.mode == "fp32":
                 compute *= config.amp_ratio
     if compute is None:
         raise ValueError("replay needs workload.compute or workload.profile")
     backward = compute * (1 - forward_fraction)
+    optimizer = config.optimizer
+    if profile is not None and optimizer == 0 and profile.optimizer_s:
+        optimizer = sorted(profile.optimizer_s)[len(profile.optimizer_s) // 2]
     return ReplaySchedule(compute * forward_fraction,
-                          tuple(backward * share for share in shares), config.optimizer)
+                          tuple(backward * share for share in shares), optimizer)
 
 
 def noise_factor(noise: ComputeNoise | None, rank: int, iteration: int) -> float:
