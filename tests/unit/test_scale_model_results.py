@@ -129,3 +129,30 @@ def test_history_keeps_kinds_of_run_apart(tmp_path) -> None:
     assert labels == {"scale[fp32] (dilation x10, compute replay)",
                       "scale[fp32] (dilation x20, compute replay)", "scale[fp32]"}
     assert any("separate series" in note for note in history.notes)
+
+
+def test_auto_dilation_takes_the_least_trusted_power_of_two(monkeypatch) -> None:
+    from netsim_ddp.measure.probe import CollectiveFidelity
+    from netsim_ddp.run import runner
+
+    tried = []
+
+    def fake_run_at(scenario, k, **options):
+        tried.append(k)
+        fraction = {1.0: 0.5, 2.0: 0.8}.get(k, 0.97)  # the host drives the link from k = 4
+        probe = CollectiveFidelity(2**20, 2, [fraction * 1e9], 1e9, 0.9)
+        report = ScenarioReport(scenario, fidelity=probe, dilation=k)
+        report.refused = None if probe.trusted else probe.reason
+        return report
+
+    monkeypatch.setattr(runner, "_run_at", fake_run_at)
+    report = runner.run_scenario(Scenario.from_dict(SCENARIO | {"emulation": {
+        "dilation": "auto"}}))
+    assert tried == [1.0, 2.0, 4.0] and report.dilation == 4.0 and report.refused is None
+    assert "k = 4" in report.dilation_chosen and "k = 2: probe reached 80%" in \
+        report.dilation_chosen
+    tried.clear()
+    capped = runner.run_scenario(Scenario.from_dict(SCENARIO | {"emulation": {
+        "dilation": "auto", "max_dilation": 2}}))
+    assert tried == [1.0, 2.0] and capped.refused is not None
+    assert "no k up to max_dilation 2" in capped.dilation_chosen
