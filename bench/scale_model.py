@@ -234,7 +234,7 @@ def print_tables(out: Path) -> None:
         if part == "jitter":
             plot = ROOT / "docs" / "scale-jitter.png"
             plot_jitter_by_gpus(document.scenarios, plot,
-                                "10GbE, ResNet-50 replayed: spread per iteration vs GPUs")
+                                "10GbE, ResNet-50 replayed: spread and pace per iteration vs GPUs")
             console.print(f"plot: {plot}")
 
 
