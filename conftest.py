@@ -1,7 +1,10 @@
 # Root conftest: the benchmarks are run on purpose (`pytest bench/`), not with the tests.
 import pytest
 
-collect_ignore = ["build", "dist"]
+# scenarios/scale/: scale models of 16-GPU clusters, minutes each: run with `netsim-ddp run`
+# (bench/scale_model.py runs them), never in the test tiers (scenarios/10gbe.toml is the small
+# scale model CI runs).
+collect_ignore = ["build", "dist", "scenarios/scale"]
 
 # The test tiers, fastest first (tox environments of the same names; .ci/run runs them in this
 # order). Together they select every test once.

@@ -618,6 +618,40 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
 
 
+@main.command("profile-compute")
+@click.argument("file")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
+              help="The profile JSON to write (workload.profile reads it).")
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--mode", "mode_name", default="fp32", show_default=True,
+              help="Precision mode to time (autocast for amp modes).")
+@click.option("--device", default=None, help="cuda:0, cpu, ... (default: the first GPU, "
+              "else the CPU).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="CPU threads (the ranks run with one each).")
+def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, mode_name: str,
+                            device: str | None, threads: int) -> None:
+    """Time FILE's model on one device, no network: forward, each layer's backward (CUDA
+    events on a GPU), optimizer; write the per-layer profile compute replay reads."""
+    scenario, = _load_all((file,))
+    if scenario.workload is None:
+        _fail(f"{file}: workload: required to profile compute", 2)
+    assert scenario.workload is not None
+    import torch
+
+    from .workload.compute_profiler import profile_compute
+
+    torch.set_num_threads(threads)
+    profile = profile_compute(scenario.workload, mode_name=mode_name, steps=steps,
+                              warmup=warmup, device=torch.device(device) if device else None,
+                              progress=click.echo)
+    Path(out_path).write_text(profile.model_dump_json(indent=1), encoding="utf-8")
+    click.echo(f"{out_path}: {profile.model} on {profile.device}: forward + backward median "
+               f"{profile.compute_s * 1e3:.1f} ms (step-to-step cv {profile.spread:.3f}), "
+               f"{len(profile.layers)} layers; use it as workload.profile")
+
+
 @main.command("report")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", default="report", show_default=True,

@@ -177,6 +177,11 @@ class ModeRecord(Record):
                 raise ValueError(f"summary.{name}: missing, while {name} holds "
                                  f"{len(getattr(self, name))} samples")
         return self
+    # Scale model (measure.dilation): times above are the target's; the host's beside them.
+    dilation: float = 1.0
+    compute_source: str = "real"
+    host_s: dict[str, list[float]] | None = None
+    replay_late_s: list[float] | None = None  # per iteration, max over ranks (target s)
 
 
 class CheckRecord(Record):
@@ -274,10 +279,19 @@ class _Judged(Record):
         return data
 
 
+class EmulationRecord(Record):
+    """A scale-model run: its dilation (and how it was chosen) and where compute came from."""
+
+    dilation: float
+    compute_source: str
+    notice: str
+    chosen: str | None = None  # dilation = "auto": which k, and why
+
+
 class ScenarioRecord(_Judged):
     """One scenario's run: its status, every mode's numbers, every check."""
 
-    _omit_none = frozenset({"scenario_digest"})
+    _omit_none = frozenset({"scenario_digest", "emulation"})
 
     name: str
     file: str | None = None
@@ -298,6 +312,7 @@ class ScenarioRecord(_Judged):
     checks: list[CheckRecord] = Field(default_factory=list)
     scenario: dict[str, Any] | None = None  # the validated scenario, as JSON
     scenario_digest: str | None = None  # content_digest(scenario): changes when the file does
+    emulation: EmulationRecord | None = None  # a scale-model run (dilated or replayed)
 
     def schedule_changes(self, mode: str) -> list[LinkChangeRecord]:
         """The link changes [[link.schedule]] made in `mode`'s window."""

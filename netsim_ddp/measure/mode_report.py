@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
+from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
 from netsim_ddp.workload.results import ModeResult
 
@@ -106,7 +107,9 @@ class ModeReport:
             "hook_bytes_per_iteration": r.sent_bytes_per_iteration,
             "collective_s": r.collective_s, "bucket_s": r.bucket_s,
             # When each iteration started, from the first one's start (the window's edge).
-            "iteration_start_s": ([t - r.started_monotonic[0] for t in r.started_monotonic]
+            # A scale model's offsets in the target's time, like every duration here.
+            "iteration_start_s": ([(t - r.started_monotonic[0]) / r.dilation
+                                   for t in r.started_monotonic]
                                   if r.started_monotonic else None),
             "summary": {"iteration_s": self.iteration.as_dict(),
                         **({"comm_s": self.comm.as_dict(), "compute_s": self.compute.as_dict()}
@@ -130,6 +133,8 @@ class ModeReport:
             "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
             "profiler_allreduce_s": r.profiler_allreduce_s,
             "link_bytes": link_bytes(r),
+            "dilation": r.dilation, "compute_source": r.compute_source, "host_s": r.host_s,
+            "replay_late_s": replay_late_s(r),
         }, strict=False)
 
 

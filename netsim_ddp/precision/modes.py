@@ -43,6 +43,9 @@ class Mode:
     # What the comm hook all-reduces: the fidelity probe times an all-reduce of this dtype,
     # since gloo reduces 16-bit floats on the CPU far slower than float32.
     wire_dtype: ClassVar[WireDtype] = "float32"
+    # Whether the forward runs under autocast: compute replay takes such a mode's time from
+    # workload.compute_amp (or amp_ratio).
+    uses_autocast: ClassVar[bool] = False
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
         return None
@@ -76,6 +79,7 @@ class AmpMode(Mode):
 
     name: ClassVar[str] = "amp"
     summary: ClassVar[str] = "autocast + GradScaler, FP32 all-reduce (the pitfall)"
+    uses_autocast: ClassVar[bool] = True
 
     def autocast_dtype(self, device_type: str) -> torch.dtype | None:
         import torch

@@ -73,6 +73,40 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
     return path
 
 
+def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
+                        title: str | None = None) -> Path:
+    """How spread and pace change with the GPU count: per run (one per GPU count), each mode's
+    per-iteration standard deviation of collective and iteration time, and the median
+    iteration (the slowest rank sets the pace). Times are the runs' own (a scale model's: the
+    target's)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    modes = list(dict.fromkeys(mode for entry in entries for mode in entry.modes))
+    panels = ((axes[0], "collective_s", statistics.stdev, "collective time sd (ms)"),
+              (axes[1], "iteration_s", statistics.stdev, "iteration time sd (ms)"),
+              (axes[2], "iteration_s", statistics.median, "iteration time median (ms)"))
+    for ax, key, statistic, label in panels:
+        for index, mode in enumerate(modes):
+            points = sorted(
+                (entry.modes[mode].world_size, statistic(series) * 1e3)
+                for entry in entries if mode in entry.modes
+                and (series := getattr(entry.modes[mode], key)) and len(series) > 1)
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=mode,
+                        color=mode_color(mode, index))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("GPUs (ranks)")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    notices = {entry.emulation.notice for entry in entries if entry.emulation}
+    fig.suptitle((title or "spread and pace per iteration vs GPU count")
+                 + ("\n" + "; ".join(sorted(notices))[:160] if notices else ""), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_wire_bytes(groups: list[tuple[str, ScenarioRecord]], path: Path,
                     title: str = "wire bytes per iteration (all nodes, background excluded)"
                     ) -> Path:

@@ -25,7 +25,7 @@ def mode_table(report: ScenarioReport) -> Table:
     workload = scenario.workload
     assert workload is not None  # only reports of runs that trained have a table
     what = (f"script {' '.join(workload.command)}" if workload.command is not None
-            else f"{workload.model} {workload.params / 1e6:.1f}M params")
+            else f"{workload.layout or workload.model} {workload.params / 1e6:.1f}M params")
     title = (f"{scenario.name}: {topology.nodes} nodes x {topology.ranks_per_node} ranks, "
              f"{format_rate(scenario.link.rate)} links, {what}")
     placement = report.placement
@@ -48,6 +48,9 @@ def mode_table(report: ScenarioReport) -> Table:
         table.caption += ("; a script's step is one optimizer.step() (or netsim_ddp.step()); "
                           "comm, compute, eff and busbw need the built-in loop's compute-only "
                           "steps: '-'; vs: against the first variant")
+    if report.notice:  # a scale model says so, in one line, in every table
+        table.title = f"{title}\n{report.notice}" + (
+            f" [{report.dilation_chosen}]" if report.dilation_chosen else "")
     reference = (next(iter(report.modes.values()), None) if workload.is_script
                  else report.modes.get(REFERENCE_MODE))
     for name, mode in report.modes.items():

@@ -156,6 +156,10 @@ def validate(options: HostOptions) -> None:
                         "section (see README)")
     if scenario.sweep is not None:
         raise HostConfigError(f"{where}: sweep: sweeps run on one host only (`netsim-ddp run`)")
+    if scenario.emulation.dilation != 1:
+        raise HostConfigError(f"{where}: emulation.dilation: a time-dilated scale model runs on "
+                              "one host (`netsim-ddp run`); real hosts' NICs run in real time: "
+                              "remove it (compute replay alone works here)")
     if scenario.link.schedule:
         raise HostConfigError(f"{where}: link.schedule: links that change mid-run need the "
                               "harness's own switch; run the scenario with `netsim-ddp run`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic, sch
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
+from netsim_ddp.measure.dilation import replay_late_s, to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.precision.modes import (
@@ -31,7 +33,9 @@ from netsim_ddp.precision.modes import (
     get_mode,
     wire_ratio,
 )
+from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.crossing import CrossingVerdict, expected_cross_node
 from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
@@ -83,7 +87,41 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                  on_built: Callable[[Fabric], None] | None = None) -> ScenarioReport:
     """Build the scenario's network, probe it, train every mode on it; everything is removed
     before this returns, whatever happens. `on_built(fabric)` runs once the network exists,
-    before anything runs in it (to add your own kernel objects: routes, extra links)."""
+    before anything runs in it (to add your own kernel objects: routes, extra links).
+
+    A scale model ([emulation] dilation = k): the host runs scenario.dilation.dilated(k) and
+    every time reported is the target's (measure.dilation). dilation = "auto" tries k = 1, 2,
+    4, ... until the fidelity probe trusts the host (at most emulation.max_dilation)."""
+    kwargs = dict(out_dir=out_dir, iterations=iterations, profile=profile,
+                  allow_untrusted=allow_untrusted, timeout_s=timeout_s, progress=progress,
+                  on_built=on_built)
+    if not scenario.emulation.auto:
+        return _run_at(scenario, float(scenario.emulation.dilation), **kwargs)  # type: ignore[arg-type]
+    refused: list[str] = []
+    k = 1.0
+    while True:
+        progress(f"{scenario.name}: dilation auto: trying k = {k:g}")
+        report = _run_at(scenario, k, **kwargs)  # type: ignore[arg-type]
+        probe = report.fidelity
+        untrusted = report.refused is not None and probe is not None and not probe.trusted
+        if not untrusted or probe is None:
+            report.dilation_chosen = (
+                f"auto: k = {k:g}, the least power of two whose fidelity probe was trusted"
+                + (f" (refused: {'; '.join(refused)})" if refused else ""))
+            return report
+        refused.append(f"k = {k:g}: probe reached {probe.fraction:.0%} of the link")
+        k *= 2
+        if k > scenario.emulation.max_dilation:
+            report.dilation_chosen = (f"auto: no k up to max_dilation "
+                                      f"{scenario.emulation.max_dilation:g} was trusted "
+                                      f"({'; '.join(refused)})")
+            return report
+
+
+def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
+            iterations: int | None, profile: bool, allow_untrusted: bool,
+            timeout_s: float | None, progress: Progress,
+            on_built: Callable[[Fabric], None] | None) -> ScenarioReport:
     workload = scenario.workload
     if workload is None:
         raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
@@ -92,17 +130,22 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         workload = workload.model_copy(update={"iterations": iterations})
     if workload.command is not None:  # a missing script fails before anything is built
         resolve_command(workload.command, scenario.path.parent if scenario.path else None)
+    workload = _resolved_profile(scenario, workload)
+    host = dilated(scenario, dilation) if dilation != 1 else scenario
     placement = place(workload, scenario.topology)
     if placement.refused:  # before any network is built: this host cannot run it
         return ScenarioReport(scenario, placement=placement, refused=placement.refused)
     workload = workload.model_copy(update={"backend": placement.backend})
-    fabric = Fabric(scenario)
+    fabric = Fabric(host)
     out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
-    report = ScenarioReport(scenario, out_dir=out, placement=placement)
-    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes")
+    report = ScenarioReport(scenario, out_dir=out, placement=placement,
+                            host_scenario=host if dilation != 1 else None, dilation=dilation)
+    progress(f"{scenario.name}: building {scenario.topology.nodes} nodes"
+             + (f" (time-dilated x{dilation:g}: links at {format_rate(host.link.rate)})"
+                if dilation != 1 else ""))
     try:
-        trained = _train(fabric, scenario, workload, report, out, profile, allow_untrusted,
-                         timeout_s, progress, on_built)
+        trained = _train(fabric, host, workload, report, out, profile, allow_untrusted,
+                         timeout_s, progress, on_built, dilation)
     finally:  # the delay line's counters are final once the fabric is gone
         report.delay_line_stats = fabric.delay_line_stats
     report.checks.extend(delay_line_checks(fabric.delay_lines, fabric.delay_line_stats,
@@ -110,8 +153,46 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                                            scenario.topology.nodes > 1))
     if trained is None:
         return report
-    finish_report(report, *trained)
+    results, background = trained
+    finish_report(report, {mode: to_target_time(result, dilation)
+                           for mode, result in results.items()}, background)
     return report
+
+
+def _resolved_profile(scenario: Scenario, workload):
+    """workload.profile relative to the scenario file, as an absolute path the ranks read."""
+    if workload.profile is None or Path(workload.profile).is_absolute():
+        return workload
+    base = scenario.path.parent if scenario.path is not None else Path.cwd()
+    return workload.model_copy(update={"profile": str((base / workload.profile).resolve())})
+
+
+REPLAY_LATE_FRACTION = 0.05  # of the replayed compute: how late a release may be, at most
+REPLAY_LATE_FLOOR_S = 0.002  # ... and never less than this (target time)
+
+
+def replay_checks(report: ScenarioReport) -> list[Verdict]:
+    """Did the host keep each mode's replay schedule? The median over iterations of the latest
+    release of any rank (target time) must be within REPLAY_LATE_FRACTION of the replayed
+    compute (REPLAY_LATE_FLOOR_S at least); a host that cannot keep it measures itself."""
+    workload = report.scenario.workload
+    checks = []
+    for name, mode in report.modes.items():
+        late = replay_late_s(mode.result)
+        if late is None or workload is None or mode.compute is None:
+            continue  # not replayed (a user's script never is: it has no compute-only steps)
+        compute = mode.compute.median
+        bound = max(REPLAY_LATE_FRACTION * compute, REPLAY_LATE_FLOOR_S)
+        median = statistics.median(late)
+        advice = ("" if median <= bound else
+                  ": the host could not keep the schedule; raise emulation.dilation")
+        checks.append(Verdict(
+            f"fidelity:replay:{name}", median <= bound,
+            f"{name}: the host released gradients a median {median * 1e3:.2f} ms (max "
+            f"{max(late) * 1e3:.2f} ms) later than the replay asked, target time; allowed "
+            f"{bound * 1e3:.2f} ms ({REPLAY_LATE_FRACTION:.0%} of {compute * 1e3:.0f} ms "
+            f"compute){advice}"))
+    return checks
 
 
 def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
@@ -127,14 +208,17 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                                         node_names=scenario.topology.node_names,
                                         ranks_per_node=scenario.topology.ranks_per_node)
     script = scenario.workload is not None and scenario.workload.is_script
+    host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
-    report.checks.extend(background_checks(scenario.background, background, results))
+    report.checks.extend(replay_checks(report))
+    report.checks.extend(background_checks(host.background, background, results))
     if not script:  # a script's variants are names: no mode's wire dtype or all-reduce to hold
         report.checks.extend(wire_ratio_checks(report.modes))  # them to (see docs/scripts.md)
         report.checks.extend(crossing_checks(scenario, report.modes))
     if report.link_schedule is not None:
         attach_link_states(report.modes, report.link_schedule)
-        report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule))
+        report.checks.extend(schedule_checks(scenario, report.modes, report.link_schedule,
+                                             report.host_scenario))
     # The default claim is about the network: a single node's ranks never touch it.
     expectations = (scenario.expect if scenario.expect is not None
                     else default_expectations(list(report.modes))
@@ -160,6 +244,7 @@ def run_folder(base: Path | None, run_id: str) -> Path:
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
            profile: bool, allow_untrusted: bool, timeout_s: float | None,
            progress: Progress, on_built: Callable[[Fabric], None] | None = None,
+           dilation: float = 1.0,
            ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """Inside the built fabric: the probe, then every mode. None if the probe refused."""
     with fabric:
@@ -193,7 +278,7 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             watch=lambda traffic: watchdog(fabric, traffic),
             scheduler=lambda schedule, signals: LinkScheduler(plan.nodes, plan.switch_netns,
                                                               schedule, signals),
-            gated_probe=True)
+            gated_probe=True, dilation=dilation)
 
 
 class _NoTraffic(contextlib.AbstractContextManager):
@@ -214,6 +299,7 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
                     watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
                     scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
                     gated_probe: bool = False, transport_ifname: str = NODE_IFNAME,
+                    dilation: float = 1.0,
                     ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
     """The probe, then every mode, through `launcher`. None if the probe refused.
 
@@ -259,8 +345,8 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     signals = out / "signals"
     signals.mkdir(parents=True)  # this run's own: an older run's files would replay
     spec = RankSpec(workload=workload, allreduce_probe=probing.probe if probing else None,
-                    probe_gated=probing is not None)
-    timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps)
+                    probe_gated=probing is not None, dilation=dilation)
+    timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps, dilation)
                               + (probing.limit * probing.attempt_timeout_s if probing else 0))
     if workload.is_script:
         progress(f"{scenario.name}: each run of the script may take {timeout_s:.0f} s (--timeout)")
@@ -293,9 +379,11 @@ def _fidelity_judged(report: ScenarioReport, fidelity: CollectiveFidelity,
     """Record the probe's verdict; False (the run refused) if the host cannot drive the links
     and the run may not go on untrusted."""
     report.fidelity = fidelity
-    report.checks.append(Verdict("fidelity", fidelity.trusted, fidelity.reason))
+    at = (f"at dilation x{report.dilation:g} (links at 1/{report.dilation:g} of the target's "
+          "rate): " if report.dilation != 1 else "")
+    report.checks.append(Verdict("fidelity", fidelity.trusted, at + fidelity.reason))
     if not fidelity.trusted and not allow_untrusted:
-        report.refused = fidelity.reason
+        report.refused = at + fidelity.reason
         return False
     return True
 
@@ -635,11 +723,15 @@ class _ProbeGate:
         give_verdict(folder, TRAIN)
 
 
-def _training_timeout(scenario: Scenario, workload, link_bps: float) -> float:
-    """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s)."""
+def _training_timeout(scenario: Scenario, workload, link_bps: float,
+                      dilation: float = 1.0) -> float:
+    """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s), plus
+    replayed compute (x the dilation; a profile's time unknown here: 2 s)."""
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
     step = max(2.0, 10 * ring_allreduce_lower_bound(workload.params * 4, world, link_bps))
     if workload.is_script:  # per variant: its start-up (imports, model, data), then steps
         return 240 + (workload.warmup + workload.iterations) * 5 * step
+    if workload.replayed:
+        step += 2 * dilation * ((workload.compute or 2.0) + workload.optimizer)
     steps = len(workload.modes) * (workload.warmup + workload.iterations) * 2
     return 120 + steps * step * workload.grad_accumulation

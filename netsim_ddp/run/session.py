@@ -203,6 +203,7 @@ class NetsimSession:
                          + _probe_summary([report]))
             warning = steal_warning([report])
             lines += [f"    {warning}"] if warning else []
+            lines += [f"    {report.notice}"] if report.notice and report.modes else []
             for mode, result in report.modes.items():
                 lines.append(f"    {mode:<9} iteration {result.iteration.median * 1e3:8.1f} ms"
                              + (f"  comm {result.comm.median * 1e3:8.1f} ms"

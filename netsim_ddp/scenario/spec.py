@@ -287,6 +287,33 @@ class FidelityConfig(_Strict):
     )
 
 
+MAX_DILATION = 1000.0
+
+
+class EmulationConfig(_Strict):
+    """How the emulated world relates to the target's: time dilation (a scale model)."""
+
+    dilation: float | Literal["auto"] = Field(
+        1.0, description="Time dilation k: every clock of the emulated world runs k times "
+        "slower (link rates / k; delays, jitter, schedules and background on/off periods x k; "
+        "replayed compute x k) and measured times are divided by k, so a host that cannot "
+        "drive the target's links in real time can emulate them. 'auto': the least power of "
+        "two whose fidelity probe is trusted (at most max_dilation).")
+    max_dilation: float = Field(
+        256.0, ge=1, le=MAX_DILATION, description="The largest k 'auto' tries.")
+
+    @field_validator("dilation")
+    @classmethod
+    def _dilation_range(cls, value: float | str) -> float | str:
+        if isinstance(value, (int, float)) and not 1 <= value <= MAX_DILATION:
+            raise ValueError(f"{value!r} is outside 1..{MAX_DILATION:g} (1: no dilation)")
+        return value
+
+    @property
+    def auto(self) -> bool:
+        return self.dilation == "auto"
+
+
 class BackgroundFlow(_Strict):
     """A bulk TCP flow that switches on and off on a seeded schedule, competing with training."""
 
@@ -320,6 +347,7 @@ class Scenario(_Strict):
     background: list[BackgroundFlow] = Field(default_factory=list,
                                              max_length=MAX_BACKGROUND_FLOWS)
     fidelity: FidelityConfig = Field(default_factory=FidelityConfig)
+    emulation: EmulationConfig = Field(default_factory=EmulationConfig)
     workload: WorkloadConfig | None = Field(
         None, description="What to train on the network; without it, only the network is built.")
     sweep: SweepConfig | None = Field(

@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from netsim_ddp.precision.modes import MODES, WireDtype, mode_names
-from netsim_ddp.scenario.units import Count, Size
+from netsim_ddp.precision.modes import MODES, WireDtype, get_mode, mode_names
+from netsim_ddp.scenario.layouts import generic_layout, layout_names, named_layout
+from netsim_ddp.scenario.units import Count, Duration, Size
 
 BUILTIN_MODELS = ("mlp", "transformer")
 # "package.module:factory": dotted module path, a colon, one attribute name.
@@ -60,6 +61,27 @@ class AllreduceProbe(BaseModel):
     dtypes: list[WireDtype] = Field(default=["float32"], min_length=1)
     iterations: int = Field(3, gt=0)
     warmup: int = Field(1, ge=0)
+
+
+MAX_REPLAY_COMPUTE_S = 60.0  # a target step longer than a minute is a typo, not a GPU
+GENERIC_LAYOUT = "generic"
+DEFAULT_FORWARD_FRACTION = 1 / 3  # backward takes about twice the forward
+
+
+class ComputeNoise(BaseModel):
+    """Step-to-step variation of the replayed compute: each rank's step time is multiplied by a
+    factor drawn from this distribution (mean 1, coefficient of variation `spread`), seeded by
+    (seed, rank, iteration), so every mode and every run of the scenario meets the same draws."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    distribution: Literal["normal", "lognormal"] = Field(
+        "lognormal", description="lognormal (never below zero, a right tail as real steps have) "
+        "or normal (truncated at 5% of the mean).")
+    spread: float = Field(
+        0.02, ge=0, le=1, description="Coefficient of variation of the step time, e.g. 0.02; "
+        "a profile's own step-to-step spread is a good value.")
+    seed: int = Field(0, description="Seeds the draws (with the rank and the iteration).")
 
 
 class WorkloadConfig(BaseModel):
@@ -146,6 +168,91 @@ class WorkloadConfig(BaseModel):
         "ranks (node i, local rank r -> GPU (i x ranks_per_node + r) mod GPUs). Shared compute "
         "changes the compute time; the results say so.",
     )
+
+    compute: Duration | None = Field(
+        default=None, le=MAX_REPLAY_COMPUTE_S,
+        description="Compute replay: the target accelerator's forward + backward time per "
+        "step at the per-rank batch, e.g. '230ms'. The ranks then do not compute: each "
+        "layer's gradient is released when the target would release it, while the buckets, "
+        "collectives and wire bytes stay real. Omit with a `profile` to use its median.")
+    compute_amp: Duration | None = Field(
+        default=None, le=MAX_REPLAY_COMPUTE_S,
+        description="Replay: forward + backward under autocast (modes amp, amp-fp16, amp-bf16); "
+        "default: compute x amp_ratio.")
+    amp_ratio: float = Field(
+        default=1.0, gt=0, le=10,
+        description="Replay: autocast compute time / fp32 compute time, when compute_amp is "
+        "not given (1.0: the same time).")
+    optimizer: Duration = Field(
+        default=0.0, le=MAX_REPLAY_COMPUTE_S,
+        description="Replay: the optimizer step's time, after the gradients are synced.")
+    forward_fraction: float = Field(
+        default=DEFAULT_FORWARD_FRACTION, ge=0, lt=1,
+        description="Replay: the forward pass's share of `compute` (the rest is backward).")
+    layout: str | None = Field(
+        default=None,
+        description="Replay: a shipped parameter layout (" + ", ".join(layout_names()) + "), "
+        "which sets `params`; or 'generic' (`params` in equal layers). Default: the `model`'s "
+        "own layout, built on torch's meta device (no weights).")
+    profile: str | None = Field(
+        default=None,
+        description="Replay: a per-layer compute profile (JSON from `netsim-ddp "
+        "profile-compute`) for the backward time of each layer; relative to the scenario "
+        "file. Default: each layer's share of the parameters.")
+    noise: ComputeNoise | None = Field(
+        default=None, description="Replay: seeded per-rank, per-step compute variation.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _params_from_layout(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("layout"), str) \
+                and data["layout"] != GENERIC_LAYOUT:
+            try:
+                count = named_layout(data["layout"]).params
+            except ValueError as exc:
+                raise ValueError(f"layout: {exc}") from None
+            if "params" in data and data["params"] != count:
+                raise ValueError(f"params: layout {data['layout']!r} has {count} parameters; "
+                                 "give one of params and layout, not both")
+            data = {**data, "params": count}
+        return data
+
+    @model_validator(mode="after")
+    def _replay_fields(self) -> WorkloadConfig:
+        replay_only = [name for name in ("compute_amp", "layout", "noise")
+                       if getattr(self, name) is not None]
+        replay_only += [name for name, default in (("amp_ratio", 1.0), ("optimizer", 0.0),
+                                                   ("forward_fraction", DEFAULT_FORWARD_FRACTION))
+                        if getattr(self, name) != default]
+        if not self.replayed and replay_only:
+            raise ValueError(f"{replay_only[0]}: only used by compute replay; set workload."
+                             "compute (e.g. '230ms') or workload.profile, or remove it")
+        if self.compute_amp is not None and self.amp_ratio != 1.0:
+            raise ValueError("amp_ratio: give compute_amp or amp_ratio, not both")
+        if self.layout == GENERIC_LAYOUT:
+            generic_layout(self.params)  # too few parameters is an error here, not in a rank
+        return self
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the ranks replay compute instead of computing."""
+        return self.compute is not None or self.profile is not None
+
+    @property
+    def compute_source(self) -> str:
+        """How the compute was obtained, as results and tables say it."""
+        if not self.replayed:
+            return "real"
+        return "replay (profile)" if self.profile is not None else "replay"
+
+    def replay_compute_s(self, mode: str) -> float | None:
+        """The target's forward + backward time in `mode` (None: from the profile, or not
+        replayed)."""
+        if self.compute is None:
+            return None
+        if not get_mode(mode).uses_autocast:
+            return self.compute
+        return self.compute_amp if self.compute_amp is not None else self.compute * self.amp_ratio
 
     @field_validator("model")
     @classmethod
@@ -258,6 +365,10 @@ class RankSpec(BaseModel):
         description="The probe inside the training launch: after each attempt wait for the "
         "harness's verdict (collective.VERDICT_FILE) before probing again or training.",
     )
+    dilation: float = Field(
+        default=1.0, ge=1,
+        description="Time dilation k of the emulated world: replayed compute sleeps k x the "
+        "target's time (the links run at rate / k; the harness divides times by k).")
     collective_timeout_s: float = Field(
         default=120.0,
         gt=0,

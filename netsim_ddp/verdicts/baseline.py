@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.metrics import statistic
 from netsim_ddp.common.version import __version__
+from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
 from netsim_ddp.measure.document import MachineInfo, content_digest, machine_warning, utc_now
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE
 from netsim_ddp.verdicts.gate import Tolerance, Verdict, regression_verdict
@@ -78,7 +79,8 @@ def save(reports: Sequence[ScenarioReport], path: str | Path) -> Path:
                     "scenario": report.scenario.name, "digest": scenario_digest(report),
                     "backend": _backend(r), "mode": mode, "iteration_s": r.iteration_s,
                     "comm_s": r.comm_s, "compute_s": r.compute_s, "collective_s": r.collective_s,
-                    "wire_bytes_per_iteration": result.wire_bytes_per_iteration}},
+                    "wire_bytes_per_iteration": result.wire_bytes_per_iteration,
+                    "emulation": emulation_label(report.dilation, report.compute_source)}},
             })
     document = {
         "machine_info": MachineInfo.of_this_host().dump(),
@@ -99,6 +101,7 @@ class BaselineEntry:
     samples: dict[str, list[float]]
     wire_bytes_per_iteration: float
     backend: str | None = None  # gloo or nccl; None: saved before it was recorded
+    emulation: str = REAL_TIME
 
 
 FiniteSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -118,6 +121,7 @@ class _Saved(BaseModel):
     compute_s: list[FiniteSeconds] = Field(default_factory=list)
     collective_s: list[FiniteSeconds] | None = None  # baselines saved before it was measured
     wire_bytes_per_iteration: float = Field(ge=0)
+    emulation: str = REAL_TIME  # baselines saved before scale models were: real time
 
 
 class _ExtraInfo(BaseModel):
@@ -178,7 +182,7 @@ class Baseline:
                 | ({"comm_s": data.comm_s, "compute_s": data.compute_s} if data.compute_s
                    else {})
                 | ({"collective_s": data.collective_s} if data.collective_s is not None else {}),
-                data.wire_bytes_per_iteration, data.backend)
+                data.wire_bytes_per_iteration, data.backend, data.emulation)
 
     def machine_warning(self, current: MachineInfo | None = None) -> str | None:
         """A warning line naming the fields of `machine_info` (default: this host's) that
@@ -213,6 +217,12 @@ class Baseline:
                     f"{backend}: not compared; save a baseline on {backend}, or set "
                     f"workload.backend = '{entry.backend}'"))
                 continue
+            emulation = emulation_label(report.dilation, report.compute_source)
+            if entry.emulation != emulation:
+                raise BaselineError(
+                    f"{self.path}: {name}[{mode}] was saved from a run in {entry.emulation}, "
+                    f"this run is in {emulation}: a scale model's times are not comparable "
+                    "with another dilation or compute source; save a baseline of this kind")
             note = ("" if entry.digest == digest else
                     " (the baseline was taken with a different network or workload)")
             if entry.backend is None:

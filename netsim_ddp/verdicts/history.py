@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
 from netsim_ddp.measure.document import (
     DocumentError,
     MachineInfo,
@@ -119,10 +120,14 @@ class SeriesKey:
     digest: str
     host: str
     mode: str
+    # A scale model's runs (dilation, compute source) are a series of their own: never mixed
+    # with real-time runs or another k.
+    emulation: str = REAL_TIME
 
     @property
     def label(self) -> str:
-        return f"{self.scenario}[{self.mode}]"
+        plain = self.emulation == REAL_TIME
+        return f"{self.scenario}[{self.mode}]" + ("" if plain else f" ({self.emulation})")
 
 
 def scenario_digest(record: ScenarioRecord) -> str:
@@ -248,13 +253,18 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
             digest, host = scenario_digest(record), run_kind(run.document.machine_info, record)
             parts.setdefault(record.name, {}).setdefault((digest, host), []).append(run.number)
             for mode, mode_record in record.modes.items():
-                series.setdefault(SeriesKey(record.name, digest, host, mode), []).append(
-                    (run, mode_record))
+                emulation = emulation_label(mode_record.dilation, mode_record.compute_source)
+                series.setdefault(SeriesKey(record.name, digest, host, mode, emulation),
+                                  []).append((run, mode_record))
     current = {name: max(groups.items(), key=lambda item: max(item[1]))[0]
                for name, groups in parts.items()}
     for name, groups in parts.items():
         if len(groups) > 1:
             report.notes.append(_split_note(name, groups, current[name]))
+        kinds = sorted({key.emulation for key in series if key.scenario == name})
+        if len(kinds) > 1:  # a scale model's times never join another kind's series
+            report.notes.append(f"{name}: its runs are of {len(kinds)} kinds ("
+                                f"{'; '.join(kinds)}), judged as separate series")
     for key, points in series.items():
         gating = (key.digest, key.host) == current[key.scenario]
         for metric in metrics:

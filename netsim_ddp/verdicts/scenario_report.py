@@ -8,10 +8,11 @@ from pathlib import Path
 
 from netsim_ddp.common.version import __version__
 from netsim_ddp.fabric.schedule import LinkScheduler
+from netsim_ddp.measure.dilation import notice
 from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content_digest
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.scenario import Scenario
+from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.gate import Verdict
 from netsim_ddp.workload.hostload import CpuLoad
 from netsim_ddp.workload.nccl import TransportEvidence
@@ -35,6 +36,21 @@ class ScenarioReport:
     out_dir: Path | None = None  # this run's own folder: logs, results, signals
     placement: Placement | None = None  # backend, each rank's GPU, per-node environment
     transport: TransportEvidence | None = None  # NCCL's own account of its links (NCCL only)
+    # A scale model (scenario.dilation): the scenario the host ran (rates / k ...), the k, and
+    # how "auto" chose it. `scenario` stays the target's; every reported time is the target's.
+    host_scenario: Scenario | None = None
+    dilation: float = 1.0
+    dilation_chosen: str | None = None
+
+    @property
+    def compute_source(self) -> str:
+        workload = self.scenario.workload
+        return workload.compute_source if workload is not None else "real"
+
+    @property
+    def notice(self) -> str | None:
+        """The scale model's one line (None: real time, real compute)."""
+        return notice(self.dilation, self.compute_source)
 
     @property
     def status(self) -> str:
@@ -75,6 +91,9 @@ class ScenarioReport:
             "checks": [check.to_record() for check in self.checks],
             "scenario": scenario,
             "scenario_digest": content_digest(scenario),
+            "emulation": ({"dilation": self.dilation, "compute_source": self.compute_source,
+                           "notice": self.notice, "chosen": self.dilation_chosen}
+                          if self.notice else None),
         }, strict=False)
 
 

@@ -53,9 +53,12 @@ def attach_link_states(modes: dict[str, ModeReport], scheduler: LinkScheduler) -
 
 
 def schedule_checks(scenario: Scenario, modes: dict[str, ModeReport],
-                    scheduler: LinkScheduler) -> list[Verdict]:
+                    scheduler: LinkScheduler, host: Scenario | None = None) -> list[Verdict]:
+    """`host`: a dilated run's host scenario (scenario.dilation): its rates are what the
+    counters saw; the slowdowns, in target time, are judged against the target's rates."""
     steps = plan_schedule(scenario)
     links = state_links(scenario, steps)
+    host_links = state_links(host, plan_schedule(host)) if host is not None else links
     checks = []
     for name, mode in modes.items():
         window = _window(scheduler, name)
@@ -69,7 +72,7 @@ def schedule_checks(scenario: Scenario, modes: dict[str, ModeReport],
                 f"{name}: only {len(window.changes)} of {len(steps)} link changes happened "
                 "inside the measured window; move them earlier or measure more iterations"))
         checks.extend(_slowdown_checks(name, mode, window, links))
-        checks.append(_shaping_check(name, window, steps, links))
+        checks.append(_shaping_check(name, window, steps, host_links))
     return checks
 
 

@@ -21,6 +21,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -68,6 +69,17 @@ class Trainer:
             self.optimizer.step()
         return mean_loss
 
+    def begin_iteration(self, iteration: int) -> None:
+        """Called before each iteration's pair of steps (compute replay draws its noise)."""
+
+    def scheduled_compute_s(self, passes: int) -> float | None:
+        """A compute-only step's known time, or None: measure it (replay knows its own)."""
+        return None
+
+    def late_s(self) -> float | None:
+        """How late the last step's replay released a gradient (None: not replayed)."""
+        return None
+
     @contextlib.contextmanager
     def rolled_back(self) -> Iterator[None]:
         """Restore model, optimizer and scaler state on exit (outside any timed region)."""
@@ -99,6 +111,8 @@ class Samples:
     # and when the step started (CLOCK_MONOTONIC, shared by every namespace of the host).
     bucket_intervals: list[list[tuple[float, float]]] = field(default_factory=list)
     started_monotonic: list[float] = field(default_factory=list)
+    # Compute replay: per synced step, how late its latest gradient release was (host s).
+    replay_late_s: list[float] = field(default_factory=list)
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -119,7 +133,7 @@ def _scale_of(trainer: Trainer) -> float:
 
 
 def measure(
-    trainer: Trainer,
+    trainer: Trainer | Any,
     batches: Sequence[Batch],
     counter: SentBytes,
     *,
@@ -159,16 +173,29 @@ def measure(
                     samples.bucket_intervals.append(timer.intervals())
             return seconds, loss
 
-    for iteration in range(warmup):  # warms both paths: DDP rebuilds buckets after step one
-        timed(micro_batches(iteration), sync=True)
+    def compute_only(step_batches: list[Batch]) -> float:
+        """The compute-only step's time: replay knows it (its schedule, noise included: the
+        host's own overheads then count as communication, never as compute); else run it."""
+        scheduled = trainer.scheduled_compute_s(len(step_batches))
+        if scheduled is not None:
+            return float(scheduled)
         with trainer.rolled_back():
-            timed(micro_batches(iteration), sync=False)
+            seconds, _ = timed(step_batches, False)
+        if counter.buckets:  # compute-only must not have communicated
+            raise RuntimeError(f"no_sync() step all-reduced {counter.buckets} buckets")
+        return seconds
+
+    for iteration in range(warmup):  # warms both paths: DDP rebuilds buckets after step one
+        trainer.begin_iteration(iteration)
+        timed(micro_batches(iteration), sync=True)
+        compute_only(micro_batches(iteration))
 
     samples.started_monotonic.clear()  # the warm-up's synced steps are not measured
     samples.bucket_intervals.clear()
     with around_measured():  # e.g. the profiler: measured iterations only
         for iteration in range(iterations):
             step_batches = micro_batches(warmup + iteration)
+            trainer.begin_iteration(warmup + iteration)
             for sync in (True, False) if iteration % 2 == 0 else (False, True):
                 if sync:
                     scale = _scale_of(trainer)
@@ -179,10 +206,9 @@ def measure(
                     samples.loss.append(float(loss))
                     # GradScaler lowers its scale exactly when it skips a step (inf/nan grads).
                     samples.skipped_steps += int(_scale_of(trainer) < scale)
+                    late = trainer.late_s()
+                    if late is not None:
+                        samples.replay_late_s.append(late)
                 else:
-                    with trainer.rolled_back():
-                        seconds, _ = timed(step_batches, False)
-                    if counter.buckets:  # compute-only must not have communicated
-                        raise RuntimeError(f"no_sync() step all-reduced {counter.buckets} buckets")
-                    samples.compute_s.append(seconds)
+                    samples.compute_s.append(compute_only(step_batches))
     return samples

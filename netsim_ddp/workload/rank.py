@@ -29,14 +29,21 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.hooks import SentBytes
-from netsim_ddp.precision.modes import get_mode
+from netsim_ddp.precision.modes import Mode, get_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
 from netsim_ddp.workload.collective import run_gated_probe, run_probe
 from netsim_ddp.workload.gpus import local_device_index
 from netsim_ddp.workload.loop import Trainer, measure, param_digest
-from netsim_ddp.workload.models import build_workload, count_params, make_batches
+from netsim_ddp.workload.models import Batch, build_workload, count_params, make_batches
 from netsim_ddp.workload.profiling import Profiler, trace_path
-from netsim_ddp.workload.results import RankSamples, combine, exposed_comm, write_result
+from netsim_ddp.workload.replay import ReplayTrainer, build_replay, replay_batches
+from netsim_ddp.workload.results import (
+    REPLAY_DIGEST,
+    RankSamples,
+    combine,
+    exposed_comm,
+    write_result,
+)
 from netsim_ddp.workload.timing import BucketTimer, register_timed
 from netsim_ddp.workload.window import NODE_RANK_ENV, measured_window
 
@@ -57,40 +64,61 @@ def resolve_backend(requested: str, local_world_size: int) -> str:
     return requested
 
 
+def _replayed_trainer(config: WorkloadConfig, mode: Mode, dilation: float,
+                      counter: SentBytes, timer: BucketTimer
+                      ) -> tuple[ReplayTrainer, list[Batch], int]:
+    """A replayed model in DDP (its buckets are the gradients' own memory: gradient_as_bucket
+    _view; its parameters never change, so no start-up broadcast)."""
+    model, clock = build_replay(config, mode, dilation, dist.get_rank())
+    ddp = DistributedDataParallel(model, bucket_cap_mb=config.bucket_size / 2**20,
+                                  gradient_as_bucket_view=True, init_sync=False)
+    register_timed(mode, ddp, counter, timer)
+    return ReplayTrainer(ddp, mode, clock), replay_batches(BATCH_POOL), count_params(model)
+
+
 def run_mode(
     config: WorkloadConfig,
     mode_name: str,
     device: torch.device,
     profile_dir: Path | None,
+    dilation: float = 1.0,
 ) -> tuple[RankSamples, int]:
     """Train and measure one mode on this rank; returns its samples and the model's size."""
     rank = dist.get_rank()
     mode = get_mode(mode_name)
-    workload = build_workload(config.model, config.params, config.seed)
-    params = count_params(workload.model)
-    batches = [
-        (inputs.to(device), targets.to(device))
-        for inputs, targets in make_batches(
-            workload, config.batch_size, BATCH_POOL, config.seed, rank
-        )
-    ]
-    ddp = DistributedDataParallel(
-        workload.model.to(device),
-        bucket_cap_mb=config.bucket_size / 2**20,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        init_sync=not _same_on_every_rank(workload.model),
-    )
     counter = SentBytes()
     timer = BucketTimer(device)
-    register_timed(mode, ddp, counter, timer)  # the mode's hook, its collectives timed
-    trainer = Trainer(
-        ddp=ddp,
-        mode=mode,
-        loss_fn=workload.loss_fn,
-        optimizer=torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE, momentum=0.9),
-        scaler=mode.grad_scaler(device.type),
-        device=device,
-    )
+    trainer: Trainer | ReplayTrainer
+    if config.replayed:
+        if device.type != "cpu":
+            raise RuntimeError("compute replay keeps its model on the CPU (its parameters are "
+                               "the zero page): run it on gloo (workload.backend = 'gloo')")
+        trainer, batches, params = _replayed_trainer(config, mode, dilation, counter, timer)
+        ddp = trainer.ddp
+    else:
+        workload = build_workload(config.model, config.params, config.seed)
+        params = count_params(workload.model)
+        batches = [
+            (inputs.to(device), targets.to(device))
+            for inputs, targets in make_batches(
+                workload, config.batch_size, BATCH_POOL, config.seed, rank
+            )
+        ]
+        ddp = DistributedDataParallel(
+            workload.model.to(device),
+            bucket_cap_mb=config.bucket_size / 2**20,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            init_sync=not _same_on_every_rank(workload.model),
+        )
+        register_timed(mode, ddp, counter, timer)  # the mode's hook, its collectives timed
+        trainer = Trainer(
+            ddp=ddp,
+            mode=mode,
+            loss_fn=workload.loss_fn,
+            optimizer=torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE, momentum=0.9),
+            scaler=mode.grad_scaler(device.type),
+            device=device,
+        )
     profiler = (
         Profiler(trace_path(profile_dir, rank, mode_name), device, config.iterations)
         if profile_dir is not None
@@ -123,7 +151,9 @@ def run_mode(
         wire_dtypes=sorted(counter.dtypes),
         loss=samples.loss,
         skipped_steps=samples.skipped_steps,
-        param_digest=param_digest(ddp.module),
+        # A replayed model's parameters never change (and hashing them would read them all).
+        param_digest=REPLAY_DIGEST if config.replayed else param_digest(ddp.module),
+        replay_late_s=samples.replay_late_s if config.replayed else None,
         profiler_allreduce_s=profiler.allreduce_s if profiler is not None else None,
         link_marks=link_marks or None,
         started_monotonic=samples.started_monotonic,
@@ -167,7 +197,8 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
             raise RuntimeError("this workload is a user's script: script_rank runs it, not the "
                                "built-in loop (workload.script_launch)")
         for index, mode_name in enumerate(modes):
-            samples, params = run_mode(spec.workload, mode_name, device, profile_dir)
+            samples, params = run_mode(spec.workload, mode_name, device, profile_dir,
+                                       spec.dilation)
             gathered: list[RankSamples | None] = [None] * dist.get_world_size()
             dist.gather_object(samples, gathered if dist.get_rank() == 0 else None, dst=0)
             if dist.get_rank() == 0:
@@ -189,6 +220,8 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
                     warmup=config.warmup,
                     iterations=config.iterations,
                     profiled=profile_dir is not None,
+                    dilation=spec.dilation,
+                    compute_source=config.compute_source,
                 )
                 write_result(out_dir, result)
             if index + 1 < len(modes):  # a full collection takes ~0.2 s: only where one follows

@@ -19,6 +19,7 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.workload.intervals import union_length
 
 SCHEMA_VERSION = 1
+REPLAY_DIGEST = "replay"  # a replayed model's parameters are never written: nothing to hash
 
 
 def result_path(out_dir: Path | str, mode: str) -> Path:
@@ -80,6 +81,11 @@ class RankSamples(BaseModel):
         description="Per synced step, each bucket's (hand-off to the collective, completion of "
         "its future), seconds from the step's start, in bucket order.",
     )
+
+    replay_late_s: list[float] | None = Field(
+        default=None,
+        description="Compute replay: per synced step, how late (host seconds) this rank "
+        "released its latest gradient against the replay's schedule.")
 
     @property
     def collective_s(self) -> list[float] | None:
@@ -198,6 +204,17 @@ class ModeResult(BaseModel):
     script: ScriptRun | None = Field(
         default=None, description="A user's script's run (compute_s and comm_s are then "
         "empty: a script has no compute-only step to measure).")
+    dilation: float = Field(
+        default=1.0, description="Time dilation k of the run. The ranks write host time; "
+        "measure.dilation.to_target_time divides every duration by k (then in_target_time).")
+    in_target_time: bool = Field(
+        default=False, description="Durations here have been divided by `dilation`.")
+    compute_source: str = Field(
+        default="real", description="'real' (the ranks computed) or 'replay' / 'replay "
+        "(profile)' (compute replayed: see workload.replay).")
+    host_s: dict[str, list[float]] | None = Field(
+        default=None, description="A dilated run's durations as the host measured them "
+        "(iteration_s, compute_s, comm_s, collective_s), before dividing by k.")
     ranks: list[RankSamples]
 
     @property

@@ -210,10 +210,33 @@ def test_a_crashing_rank_ends_the_run_and_leaves_nothing(monkeypatch):
     assert fabric_namespaces() == names_before
 
 
-def test_10gbe_is_refused_where_the_host_cannot_drive_it(netsim_run):
+def test_10gbe_runs_as_a_scale_model(netsim_run):
     # The shipped file as it is, with the session's options: scenarios/10gbe.toml's own item
-    # then reports this run rather than measure the refusal (three probe attempts) again.
+    # then reports this run rather than train it again. Time-dilated x20 with ResNet-50's
+    # compute replayed: the host drives the dilated link, and every time is the target's.
     report = netsim_run(ROOT / "scenarios" / "10gbe.toml")
+    assert report.status == "passed", [c.to_record() for c in report.checks if not c.passed]
+    assert report.dilation == 20 and report.fidelity.trusted
+    assert "time-dilated x20" in report.notice and "replayed" in report.notice
+    record = report.to_record()
+    assert record.emulation.dilation == 20 and record.emulation.compute_source == "replay"
+    assert {c.name for c in report.checks} >= {"fidelity:replay:fp32", "fidelity:replay:amp-fp16"}
+    fp32 = report.modes["fp32"]
+    # 102 MB of gradients between 2 nodes: >= 82 ms at 10 Gbit/s (the target), 1.6 s at the
+    # 500 Mbit/s the host ran; the host's own figures are kept beside, 20 x the target's.
+    assert 0.08 < fp32.collective.median < 0.4
+    host = statistics.median(fp32.result.host_s["iteration_s"])
+    assert host == pytest.approx(20 * fp32.iteration.median, rel=1e-6)
+    assert fp32.compute.median == pytest.approx(0.120, rel=0.01)  # the replayed schedule
+
+
+def test_true_10gbe_is_refused_where_the_host_cannot_drive_it(netsim_run):
+    # scenarios/10gbe.toml without its dilation: a true 10 Gbit/s link, which this host's gloo
+    # cannot drive (three probe attempts, no training).
+    data = Scenario.load(ROOT / "scenarios" / "10gbe.toml").model_dump(mode="json",
+                                                                       exclude_none=True)
+    data["emulation"] = {"dilation": 1}
+    report = netsim_run(Scenario.from_dict(data))
     fidelity = report.fidelity
     if fidelity.trusted:
         pytest.skip(f"this host drives 10 Gbit/s all-reduce faithfully: {fidelity.reason}")
