@@ -365,10 +365,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
         alpha: float, history_dir: str | None, calibration: tuple[str, ...]) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
-    from netsim_ddp.run.session import NetsimSession, SessionOptionError
     from netsim_ddp.run.sweep import CalibrationError, load_calibration
-
-    from .fabric import PrivilegeError, ensure_network_privilege
 
     scenarios = _load_all(files)
     for scenario in scenarios:
@@ -380,22 +377,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
                 load_calibration(scenario, scenario.sweep, calibration or None)
             except CalibrationError as exc:
                 _fail(str(exc), EXIT_BAD_INPUT)
-    try:
-        session = NetsimSession.create(
-            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
-            save_baseline=Path(save_baseline) if save_baseline else None,
-            iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
-            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
-            history_dir=Path(history_dir) if history_dir else None)
-    except SessionOptionError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    for warning in session.warnings:
-        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
-    _warn_about_stale_runs()
-    try:
-        ensure_network_privilege()
-    except PrivilegeError as exc:
-        _fail(str(exc), EXIT_FAILED)
+    session = _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
+                             allow_untrusted, timeout_s, history_dir)
     human = _human(json_out)
     for scenario in scenarios:
         try:
@@ -433,10 +416,6 @@ def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str
     node, and measure it like `run`: netsim-ddp launch FILE [OPTIONS] -- SCRIPT|-m MODULE ARGS.
 
     Without a command after --, FILE's own [workload] command runs."""
-    from netsim_ddp.run.session import NetsimSession, SessionOptionError
-
-    from .fabric import PrivilegeError, ensure_network_privilege
-
     (scenario,) = _load_all((file,))
     argv = list(command)
     if argv and argv[0] == "--":
@@ -461,22 +440,8 @@ def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str
     elif scenario.workload is None or scenario.workload.command is None:
         _fail(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- train.py "
               "ARGS), or a [workload] command in the file", EXIT_BAD_INPUT)
-    try:
-        session = NetsimSession.create(
-            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
-            save_baseline=Path(save_baseline) if save_baseline else None,
-            iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
-            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
-            history_dir=Path(history_dir) if history_dir else None)
-    except SessionOptionError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    for warning in session.warnings:
-        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
-    _warn_about_stale_runs()
-    try:
-        ensure_network_privilege()
-    except PrivilegeError as exc:
-        _fail(str(exc), EXIT_FAILED)
+    session = _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
+                             allow_untrusted, timeout_s, history_dir)
     human = _human(json_out)
     try:
         _run_one(session, scenario, human, False, None)
@@ -929,6 +894,32 @@ def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
             err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}",
                       soft_wrap=True)
     return found
+
+
+def _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
+                   allow_untrusted, timeout_s, history_dir):
+    """`run` and `launch`: the session of runs from the shared options, its warnings, and the
+    network privilege (root, or the user namespace) before anything is built."""
+    from .fabric import PrivilegeError, ensure_network_privilege
+    from .run.session import NetsimSession, SessionOptionError
+
+    try:
+        session = NetsimSession.create(
+            tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
+            save_baseline=Path(save_baseline) if save_baseline else None,
+            iterations=iterations, out_dir=Path(out_dir) if out_dir else None,
+            allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+            history_dir=Path(history_dir) if history_dir else None)
+    except SessionOptionError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    for warning in session.warnings:
+        err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
+    _warn_about_stale_runs()
+    try:
+        ensure_network_privilege()
+    except PrivilegeError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    return session
 
 
 def _warn_about_stale_runs() -> None:
