@@ -207,7 +207,7 @@ def test_a_crashing_rank_ends_the_run_and_leaves_nothing(monkeypatch):
         update={"model": "workload_factories:explode_on_rank1"})})
     with pytest.raises(WorkloadError, match=r"node n1 failed first(.|\n)*exploded on purpose"):
         run_scenario(broken, timeout_s=120)
-    assert fabric_namespaces() == names_before
+    assert fabric_namespaces() <= names_before  # none of ours left (others may have ended)
 
 
 def test_10gbe_runs_as_a_scale_model(netsim_run):
