@@ -93,8 +93,13 @@ def test_build_use_and_teardown_leave_host_unchanged():
         # timestamps), GSO or not; plus a handshake and a FIN.
         on_wire = len(payload) * 1514 / 1448
         assert on_wire - 1514 <= sent <= on_wire * 1.01 + 1000
-        assert end["n2"].received_bytes - start["n2"].received_bytes == sent
-        assert end["n1"].sent_bytes == start["n1"].sent_bytes
+        # n1 takes no part, but the kernel repeats a fresh interface's IGMPv3 report (54 bytes)
+        # for up to a second after it came up, and the bridge floods it to n2 (CI saw one land
+        # in this window twice): n2 receives what n0 sent, plus at most a few such reports.
+        idle = end["n1"].sent_bytes - start["n1"].sent_bytes
+        received = end["n2"].received_bytes - start["n2"].received_bytes
+        assert idle <= 3 * 54
+        assert sent + idle <= received <= sent + 3 * 54
         (qdisc,) = fabric.qdiscs("n0")
         assert qdisc["kind"] == "tbf" and qdisc["bytes"] >= len(payload)
         assert host_state() == before  # built without touching the host's namespace
