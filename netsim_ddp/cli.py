@@ -860,11 +860,26 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
         out.print(f"root's killed runs left {len(report.root_litter)} namespaces "
                   f"({', '.join(report.root_litter)}): run `sudo netsim-ddp clean` to remove them")
     nics = _clean_nics(dry_run)
-    if not (report.removed or report.killed_processes or report.removed_locks or nics):
+    orphans = _clean_orphan_nic_locks(dry_run)
+    if not (report.removed or report.killed_processes or report.removed_locks or nics
+            or orphans):
         out.print("nothing to clean")
     if any(nic.left_changed for nic in nics):
         sys.exit(EXIT_FAILED)
 
+
+def _clean_orphan_nic_locks(dry_run: bool) -> list:
+    """Lock files of NIC records that are gone (root's: only root may remove them)."""
+    from .fabric.nic import remove_orphan_locks
+    from .fabric.privilege import host_root
+
+    if not host_root():
+        return []
+    orphans = remove_orphan_locks(dry_run=dry_run)
+    if orphans:
+        verb = "would remove" if dry_run else "removed"
+        out.print(f"{verb} {len(orphans)} lock files of NIC records that are gone")
+    return orphans
 
 def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
     """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded (or their

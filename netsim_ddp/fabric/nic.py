@@ -685,6 +685,25 @@ def recorded_nics() -> list[Path]:
     return sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.json"))
 
 
+def remove_orphan_locks(dry_run: bool = False) -> list[Path]:
+    """Lock files whose NIC record is gone and that no agent holds (a record dropped or a test's
+    host removed while its lock file stayed): removed, so `/run/netsim-ddp` does not fill up."""
+    orphans = []
+    for lock in sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.lock")):
+        record = lock.with_suffix(".json")
+        if record.exists():
+            continue  # restore_stale_nics decides about it
+        fd = _lock(record, wait=False)
+        if fd is None:
+            continue  # an agent holds it: between taking its lock and writing its record
+        if dry_run:
+            os.close(fd)
+        else:
+            _unlock(record, fd)
+        orphans.append(lock)
+    return orphans
+
+
 def restore_stale_nics(dry_run: bool = False, forget: str | None = None) -> list[RestoredNic]:
     """Restore every NIC whose agent is gone (its lock is free), as its state file says.
     `forget`: drop the records of the NIC of that name instead, restoring nothing (after a
