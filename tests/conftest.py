@@ -1,8 +1,8 @@
 import os
-import subprocess
 import sys
 
 import pytest
+from bounded_run import run_bounded
 
 # Set (to anything but "" or "0") where the host is known to build everything, as `.ci/run`
 # does: there a test that needs the emulated network fails instead of skipping when it cannot
@@ -82,19 +82,6 @@ def run_cli():
 
     def run(*args, timeout=300):
         argv = [sys.executable, "-m", "netsim_ddp.cli", *map(str, args)]
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.terminate()
-            try:
-                out, err = process.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out, err = process.communicate()
-            pytest.fail(f"netsim-ddp {' '.join(map(str, args))} ran past {timeout} s and was "
-                        f"stopped; its last output:\n{err[-3000:]}")
-        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+        return run_bounded(argv, timeout, f"netsim-ddp {' '.join(map(str, args))}")
 
     return run

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from bounded_run import run_bounded
 
 ROOT = Path(__file__).resolve().parents[1]
 USER = "nobody"
@@ -69,20 +69,7 @@ class UnprivilegedUser:
         removes its network and ranks (the same exec'd process all the way down: unshare, sh,
         setpriv and env each exec the next), and the test fails."""
         argv = self.command(*args, cwd=cwd, env=env)
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGTERM)
-            try:
-                out, err = process.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out, err = process.communicate()
-            pytest.fail(f"{' '.join(map(str, args))} as {USER} ran past {timeout} s and was "
-                        f"stopped; its last output:\n{err[-3000:]}")
-        return subprocess.CompletedProcess(argv, process.returncode, out, err)
+        return run_bounded(argv, timeout, f"{' '.join(map(str, args))} as {USER}")
 
     def as_user(self, *args: str) -> subprocess.CompletedProcess[str]:
         """`args` as USER, without the binds or the venv (checks of the host). Through `env`:
