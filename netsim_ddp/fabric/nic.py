@@ -152,11 +152,13 @@ def check_nic(info: NicInfo, peers_only: bool = False) -> list[str]:
 
 
 def check_may_shape(ifname: str) -> None:
-    """Refuse, before any agent waits on us, a process that cannot change this host's qdiscs."""
-    if not privilege.has_net_admin():
-        raise NicError(f"--nic {ifname}: shaping this host's NIC needs root (CAP_NET_ADMIN in "
-                       "its network namespace), and a user namespace cannot give that for a real "
-                       "NIC: run the agent as root (sudo netsim-ddp host ...)")
+    """Refuse, before any agent waits on us, a process that cannot shape this NIC and restore
+    it (privilege_problems)."""
+    problems = privilege_problems()
+    if problems:
+        raise NicError(f"--nic {ifname}: shaping this host's NIC needs root or "
+                       + " and ".join(problems) + "; a user namespace cannot give that for a "
+                       "real NIC: run the agent as root (sudo netsim-ddp host ...)")
 
 
 def netns_inode() -> int:
@@ -359,9 +361,7 @@ class ShapedNic:
         if info.mtu != self.link.mtu:
             self.notes.append(f"{self.ifname} has MTU {info.mtu} and the scenario's link "
                               f"{self.link.mtu}: netsim-ddp never changes a real NIC's MTU")
-        problems = privilege_problems()
-        if problems:
-            raise NicError(f"shaping {self.ifname} needs " + " and ".join(problems))
+        check_may_shape(self.ifname)
         if self.netem_available is None:
             self.netem_available = self.link.impaired and netem_available_here()
         try:
@@ -565,21 +565,18 @@ def netem_available_here() -> bool:
     return qdisc_available_here("netem", delay=1000)
 
 
-CAP_NET_ADMIN = 12
-
-
-def privilege_problems(uid: int | None = None, effective_caps: int | None = None,
+def privilege_problems(effective_caps: int | None = None,
                        record_dir: Path | None = None) -> list[str]:
     """What keeps this process from shaping a NIC and restoring it (empty: nothing).
     It needs CAP_NET_ADMIN in the NIC's network namespace (its qdiscs, an ifb and scratch
     devices there) and the right to write the NIC's record where `netsim-ddp clean` looks for
     it (/run/netsim-ddp: root). CAP_SYS_ADMIN is not needed: nothing is made outside the
     NIC's namespace."""
-    uid = os.getuid() if uid is None else uid
-    caps = _effective_caps() if effective_caps is None else effective_caps
+    net_admin = (privilege.has_net_admin() if effective_caps is None
+                 else bool(effective_caps >> privilege.CAP_NET_ADMIN & 1))
     record_dir = naming.lock_dir() if record_dir is None else record_dir
     problems = []
-    if not caps >> CAP_NET_ADMIN & 1:
+    if not net_admin:
         problems.append("CAP_NET_ADMIN in the NIC's network namespace (run as root, or give "
                         "the container NET_ADMIN)")
     existing = next(p for p in (record_dir, *record_dir.parents) if p.exists())
@@ -587,13 +584,6 @@ def privilege_problems(uid: int | None = None, effective_caps: int | None = None
         problems.append(f"write access to {record_dir}, where each NIC's record is kept for "
                         "`netsim-ddp clean` (run as root)")
     return problems
-
-
-def _effective_caps() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
 
 
 def ifb_available(ipr: IPRoute) -> bool:

@@ -62,13 +62,11 @@ from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.netns import libc
 from netsim_ddp.fabric.nic import (
     JOB_ENV,
-    NicError,
     NicRestoreError,
     ShapedNic,
     check_may_shape,
     check_nic,
     inspect_nic,
-    privilege_problems,
 )
 from netsim_ddp.fabric.own_link import NIC_ENV
 from netsim_ddp.run.runner import finish_report, probe_and_train
@@ -346,14 +344,10 @@ class HostAgent:
     def run(self) -> ScenarioReport | str:
         """Node 0: the report. Other nodes: the job's status as node 0 published it."""
         validate(self.options)
-        problems = privilege_problems()  # before any agent waits on us
-        if problems:
-            raise NicError(f"netsim-ddp host on {self.options.nic} needs "
-                           + " and ".join(problems))
+        check_may_shape(self.options.nic)  # before any agent waits on us
         self.placement = host_placement(self.options)  # refused before anything changes
         info = inspect_nic(self.options.nic)
         check_nic(info)  # refuse before any agent waits on us
-        check_may_shape(info.ifname)
         self.address = info.addresses[0]
         self.progress(f"{self.options.node_name}: joining at {self.options.master_addr}:"
                       f"{self.options.master_port}")
