@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -248,15 +248,21 @@ def _as_scenario(source: Scenario | str | Path | dict[str, Any]) -> Scenario:
 REQUIRE_FABRIC_ENV = "NETSIM_DDP_REQUIRE_FABRIC"
 
 
+def lacks_fabric(reason: str) -> NoReturn:
+    """This host cannot give a test the network it needs: a skip, saying why, or a failure
+    where the host must build every network (REQUIRE_FABRIC_ENV)."""
+    if os.environ.get(REQUIRE_FABRIC_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_FABRIC_ENV} is set, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
 def _skip_unless_buildable() -> None:
     from .fabric.capabilities import probe_capabilities
 
     capabilities = probe_capabilities()
     if not capabilities.can_build:
-        reason = f"this host cannot build an emulated network: {capabilities.error or capabilities}"
-        if os.environ.get(REQUIRE_FABRIC_ENV, "") not in ("", "0"):
-            pytest.fail(f"{REQUIRE_FABRIC_ENV} is set, but {reason}", pytrace=False)
-        pytest.skip(reason)
+        lacks_fabric("this host cannot build an emulated network: "
+                     f"{capabilities.error or capabilities}")
 
 
 @pytest.fixture

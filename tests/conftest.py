@@ -1,26 +1,17 @@
-import os
 import sys
 
 import pytest
 from bounded_run import run_bounded
 
-# Set (to anything but "" or "0") where the host is known to build everything, as `.ci/run`
-# does: there a test that needs the emulated network fails instead of skipping when it cannot
-# be built, so a regression in the capability probe cannot skip the netns and ddp tiers green.
-REQUIRE_FABRIC = "NETSIM_DDP_REQUIRE_FABRIC"
-
 
 @pytest.fixture(scope="session")
 def lacks_fabric():
     """lacks_fabric(reason): this host cannot give a test the network it needs; a skip, saying
-    why, or a failure under NETSIM_DDP_REQUIRE_FABRIC."""
+    why, or a failure under NETSIM_DDP_REQUIRE_FABRIC, which `.ci/run` sets: there a regression
+    in the capability probe cannot skip the netns and ddp tiers green (the plugin's own)."""
+    from netsim_ddp.plugin import lacks_fabric
 
-    def lacks(reason: str):
-        if os.environ.get(REQUIRE_FABRIC, "") not in ("", "0"):
-            pytest.fail(f"{REQUIRE_FABRIC} is set, but {reason}", pytrace=False)
-        pytest.skip(reason)
-
-    return lacks
+    return lacks_fabric
 
 
 @pytest.fixture(scope="session")
