@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -248,7 +248,7 @@ def _as_scenario(source: Scenario | str | Path | dict[str, Any]) -> Scenario:
 REQUIRE_FABRIC_ENV = "NETSIM_DDP_REQUIRE_FABRIC"
 
 
-def lacks_fabric(reason: str) -> NoReturn:
+def lacks_fabric(reason: str) -> None:
     """This host cannot give a test the network it needs: a skip, saying why, or a failure
     where the host must build every network (REQUIRE_FABRIC_ENV)."""
     if os.environ.get(REQUIRE_FABRIC_ENV, "") not in ("", "0"):
