@@ -27,13 +27,13 @@ from rich.console import Console
 from rich.table import Table
 
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
-from netsim_ddp.workload.results import result_path
+from netsim_ddp.workload.launcher.results import result_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "workload"))
 from conftest import LoopbackNode  # noqa: E402  (the launch tests' node on loopback)
 
 # the module (the package exports its function `launch` under the same name)
-launch_module = importlib.import_module("netsim_ddp.workload.launch")
+launch_module = importlib.import_module("netsim_ddp.workload.launcher.launch")
 
 SPEC = RankSpec(workload=WorkloadConfig(params="200k", batch_size=8, iterations=2, warmup=1,
                                         modes=["fp32"], backend="gloo"))

@@ -31,7 +31,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.fabric.own_link import LinkCounter
-from netsim_ddp.workload import script_rank, steps
+from netsim_ddp.workload.launcher import steps
+from netsim_ddp.workload.ranks import script_rank
 
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, count: int, width: int,
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--width", type=int, default=1024)
     args = parser.parse_args()
-    from netsim_ddp.workload.launch import free_port
+    from netsim_ddp.workload.launcher.launch import free_port
 
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(rank_main, args=(args, free_port(), out), nprocs=2)

@@ -162,7 +162,7 @@ def main(ctx: click.Context) -> None:
               help="Also write the result as JSON ('-': stdout).")
 def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
-    from netsim_ddp.workload.gpus import probe_gpus
+    from netsim_ddp.hostfacts.gpus import probe_gpus
 
     from .fabric.capabilities import probe_capabilities, torch_status
 
@@ -271,8 +271,8 @@ def plan(file: str, gpus: int | None) -> None:
 def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
     """The ranks: backend, each rank's device, each node's NCCL environment. False if this
     host (or one with `gpus` GPUs) would refuse the scenario."""
-    from netsim_ddp.workload.gpus import GpuInventory, probe_gpus
-    from netsim_ddp.workload.placement import place
+    from netsim_ddp.hostfacts.gpus import GpuInventory, probe_gpus
+    from netsim_ddp.hostfacts.placement import place
 
     assert scenario.workload is not None
     inventory = probe_gpus()
@@ -605,7 +605,7 @@ def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, m
     assert scenario.workload is not None
     import torch
 
-    from .workload.compute_profiler import profile_compute
+    from .workload.ranks.compute_profiler import profile_compute
 
     torch.set_num_threads(threads)
     profile = profile_compute(scenario.workload, mode_name=mode_name, steps=steps,

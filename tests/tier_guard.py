@@ -15,7 +15,7 @@ import pytest
 
 HEAVY_MARKERS = ("netns", "ddp")
 # Command lines that train, or that build networks (netsim-ddp subcommands that need privileges).
-_TRAINING_ARGV = ("torch.distributed.run", "torchrun", "netsim_ddp.workload.rank")
+_TRAINING_ARGV = ("torch.distributed.run", "torchrun", "netsim_ddp.workload.ranks.rank")
 _NETWORK_SUBCOMMANDS = {"run": "ddp", "probe": "netns", "check": "netns", "clean": "netns"}
 
 

@@ -8,7 +8,7 @@ which ran on that clock too. Byte counts are not times and do not change.
 
 from __future__ import annotations
 
-from netsim_ddp.workload.results import ModeResult, RankSamples, Straggler
+from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, Straggler
 
 
 def _scaled(series: list[float] | None, k: float) -> list[float] | None:

@@ -255,7 +255,7 @@ class PlacementRecord(Record):
 
 
 class TransportRecord(Record):
-    """NCCL's own account of how it joined the nodes (workload.nccl.TransportEvidence)."""
+    """NCCL's own account of how it joined the nodes (hostfacts.nccl.TransportEvidence)."""
 
     ok: bool
     summary: str

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
-from netsim_ddp.workload.results import ModeResult
+from netsim_ddp.workload.launcher.results import ModeResult
 
 
 @dataclass

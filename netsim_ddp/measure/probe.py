@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from netsim_ddp.measure.document import FidelityRecord
 from netsim_ddp.precision.modes import BYTES_PER_ELEMENT
-from netsim_ddp.workload.hostload import CpuLoad
+from netsim_ddp.hostfacts.hostload import CpuLoad
 
 
 @dataclass

@@ -74,8 +74,8 @@ from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
-from netsim_ddp.workload.gpus import GpuInventory
-from netsim_ddp.workload.launch import (
+from netsim_ddp.hostfacts.gpus import GpuInventory
+from netsim_ddp.workload.launcher.launch import (
     RANK_MODULE,
     agent_module,
     failure_report,
@@ -85,9 +85,9 @@ from netsim_ddp.workload.launch import (
     rank_errors,
     read_results,
 )
-from netsim_ddp.workload.nccl import rank_log_lines
-from netsim_ddp.workload.placement import Placement, place
-from netsim_ddp.workload.window import NODE_RANK_ENV
+from netsim_ddp.hostfacts.nccl import rank_log_lines
+from netsim_ddp.hostfacts.placement import Placement, place
+from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 
 PREFIX = "netsim-ddp/"
 POLL_S = 0.2

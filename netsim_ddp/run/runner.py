@@ -41,7 +41,7 @@ from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
-from netsim_ddp.workload.collective import (
+from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
     AllreduceProbe,
@@ -50,17 +50,17 @@ from netsim_ddp.workload.collective import (
     give_verdict,
     read_probe,
 )
-from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
-from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
-from netsim_ddp.workload.nccl import (
+from netsim_ddp.workload.ranks.collective import RESULT_FILE as PROBE_RESULT_FILE
+from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
+from netsim_ddp.hostfacts.nccl import (
     NODE_IFNAME,
     rank_log_lines,
     rank_nodes_from_logs,
     verify_transport,
 )
-from netsim_ddp.workload.placement import place
-from netsim_ddp.workload.script_launch import launch_script, resolve_command
-from netsim_ddp.workload.window import NODE_ENV
+from netsim_ddp.hostfacts.placement import place
+from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
+from netsim_ddp.workload.launcher.window import NODE_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
 PROBE_MAX_BYTES = 64 * 2**20

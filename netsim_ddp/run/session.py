@@ -21,7 +21,7 @@ from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Tolerance, Verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
 from netsim_ddp.workload import WorkloadError
-from netsim_ddp.workload.hostload import STEAL_NOTICEABLE, max_steal
+from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 
 DEFAULT_TOLERANCES = ("median:10%",)
 

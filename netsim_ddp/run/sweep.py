@@ -54,7 +54,7 @@ from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.scenario.spec import Scenario, point_label
 from netsim_ddp.scenario.sweep import ProjectionConfig, SweepConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.hostload import STEAL_NOTICEABLE, max_steal
+from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 
 Progress = Callable[[str], None]
 RunScenario = Callable[..., ScenarioReport]

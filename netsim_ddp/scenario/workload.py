@@ -120,7 +120,7 @@ class WorkloadConfig(BaseModel):
         description=(
             "Model to train: built-in 'mlp' or 'transformer' (synthetic, sized by `params`), or "
             "'package.module:factory' for your own; factory(params) returns (model, make_batch) "
-            "- see netsim_ddp.workload.models."
+            "- see netsim_ddp.workload.ranks.models."
         ),
     )
     params: Count = Field(

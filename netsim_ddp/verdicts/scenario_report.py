@@ -14,9 +14,9 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.gate import Verdict
-from netsim_ddp.workload.hostload import CpuLoad
-from netsim_ddp.workload.nccl import TransportEvidence
-from netsim_ddp.workload.placement import Placement
+from netsim_ddp.hostfacts.hostload import CpuLoad
+from netsim_ddp.hostfacts.nccl import TransportEvidence
+from netsim_ddp.hostfacts.placement import Placement
 
 
 @dataclass

@@ -5,8 +5,8 @@ starts it on every emulated node. Importing this package does not import torch; 
 
 from netsim_ddp.precision.modes import MODES, Mode, get_mode, register_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
-from netsim_ddp.workload.launch import Node, WorkloadError, launch, torchrun_argv
-from netsim_ddp.workload.results import ModeResult, RankSamples, read_result
+from netsim_ddp.workload.launcher.launch import Node, WorkloadError, launch, torchrun_argv
+from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, read_result
 
 __all__ = [
     "MODES",

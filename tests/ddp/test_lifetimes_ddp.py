@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp.fabric import naming
-from netsim_ddp.workload.launch import AGENT_MODULE, RANK_MODULE
+from netsim_ddp.workload.launcher.launch import AGENT_MODULE, RANK_MODULE
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.workload.gpus import probe_gpus
-from netsim_ddp.workload.placement import place
+from netsim_ddp.hostfacts.gpus import probe_gpus
+from netsim_ddp.hostfacts.placement import place
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = "scenarios/nccl-shared-gpu.toml"

@@ -14,8 +14,8 @@ from netsim_ddp.run.host_agent import (
     host_placement,
     validate,
 )
-from netsim_ddp.workload.gpus import GPUS_ENV, GpuInventory
-from netsim_ddp.workload.nccl import verify_transport
+from netsim_ddp.hostfacts.gpus import GPUS_ENV, GpuInventory
+from netsim_ddp.hostfacts.nccl import verify_transport
 
 
 def options(nnodes=2, node_rank=0, **scenario):

@@ -134,7 +134,7 @@ def test_a_noisy_sweep_that_misses_the_target_says_so():
 def slowed_runner(factor, steal):
     """fake_runner, with the 4-node points slowed by `factor` and the hypervisor taking
     `steal` of the CPU while every point trained."""
-    from netsim_ddp.workload.hostload import CpuLoad
+    from netsim_ddp.hostfacts.hostload import CpuLoad
 
     def run(scenario, **kwargs):
         report = fake_runner()(scenario, **kwargs)

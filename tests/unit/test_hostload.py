@@ -1,6 +1,6 @@
 """CPU use from /proc/stat deltas: the diagnosis a refused probe carries."""
 
-from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
+from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 
 
 def stat(tmp_path, name, user, system, idle, softirq, steal):

@@ -139,7 +139,7 @@ def test_the_root_cause_is_a_ranks_own_error_before_any_echo_of_it(tmp_path):
     # error file first and its agent exited first, yet n1's own error is the cause.
     import json
 
-    from netsim_ddp.workload.launch import failure_report
+    from netsim_ddp.workload.launcher.launch import failure_report
 
     class Node:
         def __init__(self, name):

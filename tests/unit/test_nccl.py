@@ -4,12 +4,12 @@ transport check, read from real NCCL log lines.
 The log lines below are short excerpts of logs people posted in public NCCL issues (cited per
 block), so the parser is tested against what NCCL really prints, prefixes included, and not
 against lines written to fit it. The format strings they come from are quoted in
-netsim_ddp/workload/nccl.py.
+netsim_ddp/hostfacts/nccl.py.
 """
 
 import pytest
 
-from netsim_ddp.workload.nccl import (
+from netsim_ddp.hostfacts.nccl import (
     merged_env,
     node_env,
     rank_log_lines,

@@ -4,7 +4,7 @@ and the refusal that names what a host lacks."""
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.workload.gpus import (
+from netsim_ddp.hostfacts.gpus import (
     GPUS_ENV,
     GpuError,
     GpuInventory,
@@ -13,7 +13,7 @@ from netsim_ddp.workload.gpus import (
     local_device_index,
     probe_gpus,
 )
-from netsim_ddp.workload.placement import place
+from netsim_ddp.hostfacts.placement import place
 
 H200 = GpuInventory(1, ("NVIDIA H200",), "2.11.0+cu130", "13.0", "2.27.7")
 EIGHT = GpuInventory(8, ("H100",) * 8, "2.11.0", "12.8", "2.27.7")

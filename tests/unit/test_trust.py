@@ -11,7 +11,7 @@ from netsim_ddp.common.metrics import bus_bandwidth
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.run import runner
-from netsim_ddp.workload.collective import VERDICT_FILE, AllreduceResult
+from netsim_ddp.workload.ranks.collective import VERDICT_FILE, AllreduceResult
 
 SIZE = 8 * 2**20
 
@@ -125,7 +125,7 @@ def test_the_summary_line_says_how_far_runs_can_be_trusted():
 
 def test_steal_while_training_is_a_warning_above_five_percent():
     from netsim_ddp.run.session import steal_warning
-    from netsim_ddp.workload.hostload import CpuLoad
+    from netsim_ddp.hostfacts.hostload import CpuLoad
 
     def report(steal):
         return SimpleNamespace(host_load=CpuLoad(busy=0.6, steal=steal, softirq=0.05))

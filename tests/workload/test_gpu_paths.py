@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from netsim_ddp.precision.modes import get_mode
-from netsim_ddp.workload import loop
+from netsim_ddp.workload.ranks import loop
 
 
 class CapturingDDP:

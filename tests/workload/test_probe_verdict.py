@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.workload.collective import (
+from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     RESULT_FILE,
     TRAIN,

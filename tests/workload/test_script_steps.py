@@ -1,4 +1,4 @@
-"""A user's script's steps, as the recorder sees them (workload.steps): no torch, no network.
+"""A user's script's steps, as the recorder sees them (workload.launcher.steps): no torch, no network.
 The edges, link counters and collective timing are stand-ins that record what was asked of
 them."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from netsim_ddp.fabric.own_link import LinkMark
-from netsim_ddp.workload.steps import (
+from netsim_ddp.workload.launcher.steps import (
     Edges,
     MeasuredEnough,
     ScriptRankRecord,
@@ -156,7 +156,7 @@ def records(ddp_models: int) -> list[ScriptRankRecord]:
 
 def combined(ddp_models: int):
     from netsim_ddp.scenario.workload import WorkloadConfig
-    from netsim_ddp.workload.script_launch import combine_script
+    from netsim_ddp.workload.launcher.script_launch import combine_script
 
     workload = WorkloadConfig.model_validate({"command": ["t.py"], "iterations": 2})
     return combine_script(records(ddp_models), run="script", command=["t.py"],

@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import MODES, Mode, get_mode, register_mode
-from netsim_ddp.workload.loop import Trainer, param_digest
-from netsim_ddp.workload.models import build_workload, count_params, make_batches
-from netsim_ddp.workload.rank import resolve_backend
+from netsim_ddp.workload.ranks.loop import Trainer, param_digest
+from netsim_ddp.workload.ranks.models import build_workload, count_params, make_batches
+from netsim_ddp.workload.ranks.rank import resolve_backend
 
 PARAMS = 20_000
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import LoopbackNode, live_processes_mentioning
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
-from netsim_ddp.workload.collective import (
+from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
     VERDICT_FILE,
@@ -22,9 +22,9 @@ from netsim_ddp.workload.collective import (
     give_verdict,
     read_probe,
 )
-from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT
-from netsim_ddp.workload.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
-from netsim_ddp.workload.results import ModeResult
+from netsim_ddp.workload.ranks.collective import RESULT_FILE as PROBE_RESULT
+from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
+from netsim_ddp.workload.launcher.results import ModeResult
 
 ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
 TINY = dict(params="200k", batch_size=16, iterations=4, warmup=1, modes=ALL_MODES)
@@ -182,7 +182,7 @@ def test_torchrun_command_line() -> None:
     text = " ".join(argv)
     for piece in ("--nnodes 3", "--nproc-per-node 2", "--node-rank 1", "--rdzv-backend static",
                   "--master-addr 10.0.0.1", "--master-port 29555", "--max-restarts 0",
-                  "-m netsim_ddp.workload.rank --spec /s.json --out /o --profile /p"):  # fmt: skip
+                  "-m netsim_ddp.workload.ranks.rank --spec /s.json --out /o --profile /p"):  # fmt: skip
         assert piece in text
 
 

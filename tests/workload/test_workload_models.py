@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from netsim_ddp.workload.models import (
+from netsim_ddp.workload.ranks.models import (
     build_workload,
     count_params,
     make_batches,

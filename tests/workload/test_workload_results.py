@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.workload.results import (
+from netsim_ddp.workload.launcher.results import (
     RankSamples,
     combine,
     exposed_comm,

@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode, get_mode
-from netsim_ddp.workload.models import build_workload, make_batches
-from netsim_ddp.workload.timing import BucketTimer, register_timed
+from netsim_ddp.workload.ranks.models import build_workload, make_batches
+from netsim_ddp.workload.ranks.timing import BucketTimer, register_timed
 
 PARAMS = 200_000
 HOLD_S = 0.05

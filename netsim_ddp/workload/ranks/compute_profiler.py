@@ -1,5 +1,5 @@
 """`netsim-ddp profile-compute`: time a scenario's model on one device, no network, and write
-the per-layer profile compute replay reads (workload.compute_profile).
+the per-layer profile compute replay reads (workload.launcher.compute_profile).
 
 Each parameter's post-accumulate-grad hook marks when its gradient is ready (a CUDA event on a
 GPU, perf_counter on a CPU); a layer is ready when its last parameter is. A layer's backward
@@ -19,9 +19,9 @@ import torch
 
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.compute_profile import ComputeProfile, LayerTime
-from netsim_ddp.workload.models import build_workload, count_params, make_batches
-from netsim_ddp.workload.replay import model_layout
+from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, LayerTime
+from netsim_ddp.workload.ranks.models import build_workload, count_params, make_batches
+from netsim_ddp.workload.ranks.replay import model_layout
 
 LEARNING_RATE = 1e-3
 

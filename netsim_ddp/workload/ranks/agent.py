@@ -1,7 +1,7 @@
 """One emulated node's torchrun whose ranks are forked from it, torch already imported:
 
-    python -P -m netsim_ddp.workload.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.rank ARGS
-    python -P -m netsim_ddp.workload.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.script_rank
+    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.ranks.rank ARGS
+    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.ranks.script_rank
         SCRIPT ARGS   (a user's script: script_rank.py)
 
 The options are torchrun's, read by torchrun's own parser into torchrun's own launch config,
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    from netsim_ddp.workload import rank, script_rank
+    from netsim_ddp.workload.ranks import rank, script_rank
 
     args = parse_args(argv)
     entries = {module.__name__: module.forked_main for module in (rank, script_rank)}

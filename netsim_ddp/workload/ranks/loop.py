@@ -29,8 +29,8 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode
-from netsim_ddp.workload.models import Batch, LossFn
-from netsim_ddp.workload.timing import BucketTimer
+from netsim_ddp.workload.ranks.models import Batch, LossFn
+from netsim_ddp.workload.ranks.timing import BucketTimer
 
 SYNC_SPAN = "nsd.synced_step"  # profiler label around each measured synced step
 

@@ -1,6 +1,6 @@
 """Rank entry point, started by torchrun on every node:
 
-    python -m netsim_ddp.workload.rank --spec SPEC.json --out DIR [--profile PROFDIR]
+    python -m netsim_ddp.workload.ranks.rank --spec SPEC.json --out DIR [--profile PROFDIR]
 
 SPEC.json is a `RankSpec` (the WorkloadConfig plus which of its modes to run). The modes run in
 sequence in one process group, each from a fresh model and DDP wrapper seeded the same way: one
@@ -31,21 +31,21 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode, get_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
-from netsim_ddp.workload.collective import run_gated_probe, run_probe
-from netsim_ddp.workload.gpus import local_device_index
-from netsim_ddp.workload.loop import Trainer, measure, param_digest
-from netsim_ddp.workload.models import Batch, build_workload, count_params, make_batches
-from netsim_ddp.workload.profiling import Profiler, trace_path
-from netsim_ddp.workload.replay import ReplayTrainer, build_replay, replay_batches
-from netsim_ddp.workload.results import (
+from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
+from netsim_ddp.hostfacts.gpus import local_device_index
+from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
+from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches
+from netsim_ddp.workload.ranks.profiling import Profiler, trace_path
+from netsim_ddp.workload.ranks.replay import ReplayTrainer, build_replay, replay_batches
+from netsim_ddp.workload.launcher.results import (
     REPLAY_DIGEST,
     RankSamples,
     combine,
     exposed_comm,
     write_result,
 )
-from netsim_ddp.workload.timing import BucketTimer, register_timed
-from netsim_ddp.workload.window import NODE_RANK_ENV, measured_window
+from netsim_ddp.workload.ranks.timing import BucketTimer, register_timed
+from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
 LEARNING_RATE = 1e-3
@@ -53,7 +53,7 @@ LEARNING_RATE = 1e-3
 
 def resolve_backend(requested: str, local_world_size: int) -> str:
     """'auto' -> nccl only with CUDA and one GPU per local rank; else gloo. The harness
-    resolves the backend itself (workload.placement) and hands the ranks 'gloo' or 'nccl';
+    resolves the backend itself (hostfacts.placement) and hands the ranks 'gloo' or 'nccl';
     'auto' is for ranks started some other way."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested == "auto":
@@ -195,7 +195,7 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
         modes = spec.selected_modes()
         if modes and spec.workload.is_script:  # never train the default model instead
             raise RuntimeError("this workload is a user's script: script_rank runs it, not the "
-                               "built-in loop (workload.script_launch)")
+                               "built-in loop (workload.launcher.script_launch)")
         for index, mode_name in enumerate(modes):
             samples, params = run_mode(spec.workload, mode_name, device, profile_dir,
                                        spec.dilation)
@@ -232,7 +232,7 @@ def run(spec: RankSpec, out_dir: Path, profile_dir: Path | None) -> None:
 
 @record  # torchrun then reports this rank's traceback as the root cause
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m netsim_ddp.workload.rank")
+    parser = argparse.ArgumentParser(prog="python -m netsim_ddp.workload.ranks.rank")
     parser.add_argument("--spec", type=Path, required=True, help="RankSpec JSON file")
     parser.add_argument("--out", type=Path, required=True, help="directory for result-MODE.json")
     parser.add_argument(
@@ -260,7 +260,7 @@ def _flush_all() -> None:
 
 
 def forked_main(argv: list[str]) -> None:
-    """A rank forked from netsim_ddp.workload.agent: torch is imported already. The fork's
+    """A rank forked from netsim_ddp.workload.ranks.agent: torch is imported already. The fork's
     end is os._exit, so no C++ static destructor runs (see below)."""
     main(argv)
     _flush_all()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.launch import (
+from netsim_ddp.workload.launcher.launch import (
     AGENT_MODULE,
     Node,
     WorkloadError,
@@ -26,15 +26,15 @@ from netsim_ddp.workload.launch import (
     run_nodes,
     torchrun_argv,
 )
-from netsim_ddp.workload.results import ModeResult, RankSamples, ScriptRun, combine
-from netsim_ddp.workload.steps import (
+from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, ScriptRun, combine
+from netsim_ddp.workload.launcher.steps import (
     SPEC_ENV,
     ScriptRankRecord,
     ScriptSpec,
     record_path,
 )
 
-SCRIPT_MODULE = "netsim_ddp.workload.script_rank"
+SCRIPT_MODULE = "netsim_ddp.workload.ranks.script_rank"
 LAST_LINES = 5  # of each rank's output, when a script hangs
 
 

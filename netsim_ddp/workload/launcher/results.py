@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from netsim_ddp.common.files import write_whole
-from netsim_ddp.workload.intervals import union_length
+from netsim_ddp.workload.launcher.intervals import union_length
 
 SCHEMA_VERSION = 1
 REPLAY_DIGEST = "replay"  # a replayed model's parameters are never written: nothing to hash
@@ -211,7 +211,7 @@ class ModeResult(BaseModel):
         default=False, description="Durations here have been divided by `dilation`.")
     compute_source: str = Field(
         default="real", description="'real' (the ranks computed) or 'replay' / 'replay "
-        "(profile)' (compute replayed: see workload.replay).")
+        "(profile)' (compute replayed: see workload.ranks.replay).")
     host_s: dict[str, list[float]] | None = Field(
         default=None, description="A dilated run's durations as the host measured them "
         "(iteration_s, compute_s, comm_s, collective_s), before dividing by k.")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from netsim_ddp.workload.loop import SYNC_SPAN
+from netsim_ddp.workload.ranks.loop import SYNC_SPAN
 
 
 def trace_path(profile_dir: Path | str, rank: int, mode: str) -> Path:

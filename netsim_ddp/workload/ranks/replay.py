@@ -41,8 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.modes import Mode
 from netsim_ddp.scenario.layouts import Layer, Layout, generic_layout, named_layout
 from netsim_ddp.scenario.workload import GENERIC_LAYOUT, ComputeNoise, WorkloadConfig
-from netsim_ddp.workload.compute_profile import ComputeProfile, read_profile
-from netsim_ddp.workload.models import Batch, build_workload
+from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, read_profile
+from netsim_ddp.workload.ranks.models import Batch, build_workload
 
 NOISE_FLOOR = 0.05  # a normal draw is truncated here: no step takes (almost) no time
 
@@ -270,7 +270,7 @@ def replay_batches(count: int) -> list[Batch]:
 
 @dataclass
 class ReplayTrainer:
-    """Trainer's interface (workload.loop) for a replayed model: no autocast, no scaler, no
+    """Trainer's interface (workload.ranks.loop) for a replayed model: no autocast, no scaler, no
     optimizer (its time is replayed), nothing to roll back (no parameter ever changes)."""
 
     ddp: DistributedDataParallel

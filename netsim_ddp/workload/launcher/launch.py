@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from netsim_ddp.scenario.workload import RankSpec
-from netsim_ddp.workload.results import ModeResult, read_result, result_path
-from netsim_ddp.workload.window import NODE_RANK_ENV
+from netsim_ddp.workload.launcher.results import ModeResult, read_result, result_path
+from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 
-RANK_MODULE = "netsim_ddp.workload.rank"
-AGENT_MODULE = "netsim_ddp.workload.agent"
+RANK_MODULE = "netsim_ddp.workload.ranks.rank"
+AGENT_MODULE = "netsim_ddp.workload.ranks.agent"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding netsim_ddp/
 TAIL_LINES = 40
 KILL_WAIT_S = 10.0

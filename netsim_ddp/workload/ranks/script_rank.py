@@ -1,8 +1,8 @@
 """What a rank runs for a user's script: install the harness's hooks, then run the script as
 torchrun would have run it.
 
-    python -m netsim_ddp.workload.script_rank SCRIPT ARGS...       (torchrun train.py ARGS)
-    python -m netsim_ddp.workload.script_rank -m MODULE ARGS...    (torchrun -m MODULE ARGS)
+    python -m netsim_ddp.workload.ranks.script_rank SCRIPT ARGS...       (torchrun train.py ARGS)
+    python -m netsim_ddp.workload.ranks.script_rank -m MODULE ARGS...    (torchrun -m MODULE ARGS)
 
 The script runs as `__main__` with `sys.argv` as torchrun gives it (the script path and its
 arguments; for `-m`, the module's file and its arguments), its folder (or, for `-m`, the working
@@ -35,10 +35,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
-from netsim_ddp.workload import steps
-from netsim_ddp.workload.rank import _flush_all
-from netsim_ddp.workload.timing import BucketTimer
-from netsim_ddp.workload.window import NODE_ENV
+from netsim_ddp.workload.launcher import steps
+from netsim_ddp.workload.ranks.rank import _flush_all
+from netsim_ddp.workload.ranks.timing import BucketTimer
+from netsim_ddp.workload.launcher.window import NODE_ENV
 
 
 class DdpProbe:
@@ -160,7 +160,7 @@ def run_user(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        raise SystemExit("usage: python -m netsim_ddp.workload.script_rank SCRIPT|-m MODULE "
+        raise SystemExit("usage: python -m netsim_ddp.workload.ranks.script_rank SCRIPT|-m MODULE "
                          "ARGS...")
     spec_path = os.environ.get(steps.SPEC_ENV)
     if not spec_path:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def forked_main(argv: list[str]) -> None:
-    """A rank forked from netsim_ddp.workload.agent (torch imported already)."""
+    """A rank forked from netsim_ddp.workload.ranks.agent (torch imported already)."""
     main(argv)
     _flush_all()
 
