@@ -9,10 +9,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from netsim_ddp.scenario.spec import Topology
-from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.hostfacts import nccl
 from netsim_ddp.hostfacts.gpus import GpuAssignment, GpuError, GpuInventory, assign_gpus, probe_gpus
+from netsim_ddp.scenario.spec import Topology
+from netsim_ddp.scenario.workload import WorkloadConfig
 
 SHARED_GPU_NOTE = ("ranks sharing a GPU time-slice it: their compute and communication times "
                    "include waiting for each other's kernels, not only the network")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from netsim_ddp.hostfacts.hostload import CpuLoad
 from netsim_ddp.measure.document import FidelityRecord
 from netsim_ddp.precision.modes import BYTES_PER_ELEMENT
-from netsim_ddp.hostfacts.hostload import CpuLoad
 
 
 @dataclass

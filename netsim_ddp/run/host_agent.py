@@ -38,7 +38,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,24 +68,25 @@ from netsim_ddp.fabric.nic import (
     inspect_nic,
 )
 from netsim_ddp.fabric.own_link import NIC_ENV
+from netsim_ddp.hostfacts.gpus import GpuInventory
+from netsim_ddp.hostfacts.nccl import rank_log_lines
+from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
-from netsim_ddp.hostfacts.gpus import GpuInventory
 from netsim_ddp.workload.launcher.launch import (
-    RANK_MODULE,
     agent_module,
+    c10d_rendezvous,
     failure_report,
     kill_all,
     looks_like_echo,
     rank_env,
     rank_errors,
     read_results,
+    torchrun_argv,
 )
-from netsim_ddp.hostfacts.nccl import rank_log_lines
-from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 
 PREFIX = "netsim-ddp/"
@@ -624,20 +624,14 @@ class HostAgent:
         logs.mkdir(parents=True, exist_ok=True)
         spec_path = out / "spec.json"
         spec_path.write_text(phase.spec)
-        argv = [sys.executable, "-P", "-m", agent_module(RankSpec.model_validate_json(phase.spec)),
-                "--nnodes", str(options.nnodes),
-                "--nproc-per-node", str(options.scenario.topology.ranks_per_node),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"{options.master_addr}:{options.master_port}",
-                "--rdzv-id", f"{self.job}-{phase.index}",
-                "--rdzv-conf", f"is_host=false,join_timeout={int(options.join_timeout_s)}",
-                "--local-addr", self.address,  # rank 0's becomes MASTER_ADDR: the shaped NIC
-                "--max-restarts", "0",
-                "--log-dir", str(logs / options.node_name),
-                "--tee", "3",
-                "-m", RANK_MODULE, "--spec", str(spec_path), "--out", str(out)]  # fmt: skip
-        if phase.profile:
-            argv += ["--profile", str(out)]
+        argv = torchrun_argv(
+            nnodes=options.nnodes, nproc_per_node=options.scenario.topology.ranks_per_node,
+            rendezvous=c10d_rendezvous(f"{options.master_addr}:{options.master_port}",
+                                       f"{self.job}-{phase.index}", options.join_timeout_s,
+                                       self.address),
+            spec_path=spec_path, out_dir=out, log_dir=logs / options.node_name,
+            profile_dir=out if phase.profile else None,
+            agent=agent_module(RankSpec.model_validate_json(phase.spec)))
         local = {key: value.replace(OUT_MARK, str(options.out_dir))
                  for key, value in phase.env.items()}
         if SIGNAL_DIR_ENV in local:

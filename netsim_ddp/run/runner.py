@@ -24,6 +24,14 @@ from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic, sch
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
+from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
+from netsim_ddp.hostfacts.nccl import (
+    NODE_IFNAME,
+    rank_log_lines,
+    rank_nodes_from_logs,
+    verify_transport,
+)
+from netsim_ddp.hostfacts.placement import place
 from netsim_ddp.measure.dilation import replay_late_s, to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
@@ -41,6 +49,8 @@ from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
+from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
+from netsim_ddp.workload.launcher.window import NODE_ENV
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
@@ -51,16 +61,6 @@ from netsim_ddp.workload.ranks.collective import (
     read_probe,
 )
 from netsim_ddp.workload.ranks.collective import RESULT_FILE as PROBE_RESULT_FILE
-from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
-from netsim_ddp.hostfacts.nccl import (
-    NODE_IFNAME,
-    rank_log_lines,
-    rank_nodes_from_logs,
-    verify_transport,
-)
-from netsim_ddp.hostfacts.placement import place
-from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
-from netsim_ddp.workload.launcher.window import NODE_ENV
 
 PROBE_MIN_BYTES = 8 * 2**20
 PROBE_MAX_BYTES = 64 * 2**20

@@ -11,6 +11,7 @@ from typing import Any
 
 from netsim_ddp.common.options import DEFAULT_ALPHA, SESSION_OPTIONS
 from netsim_ddp.fabric import FabricError
+from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 from netsim_ddp.measure.document import ResultsDocument
 from netsim_ddp.measure.document import save as save_document
 from netsim_ddp.report.ci import STEP_SUMMARY, append_step_summary, history_summary, run_summary
@@ -21,7 +22,6 @@ from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Tolerance, Verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
 from netsim_ddp.workload import WorkloadError
-from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 
 DEFAULT_TOLERANCES = ("median:10%",)
 

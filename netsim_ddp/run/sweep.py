@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
+from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 from netsim_ddp.measure.document import SweepPointRecord, SweepRecord
 from netsim_ddp.projection.calibrate import CalibrationError
 from netsim_ddp.projection.cluster import Cluster, calibrated_projection, load_cluster
@@ -54,7 +55,6 @@ from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.scenario.spec import Scenario, point_label
 from netsim_ddp.scenario.sweep import ProjectionConfig, SweepConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.hostfacts.hostload import STEAL_NOTICEABLE, max_steal
 
 Progress = Callable[[str], None]
 RunScenario = Callable[..., ScenarioReport]

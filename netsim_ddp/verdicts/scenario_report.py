@@ -8,15 +8,15 @@ from pathlib import Path
 
 from netsim_ddp.common.version import __version__
 from netsim_ddp.fabric.schedule import LinkScheduler
+from netsim_ddp.hostfacts.hostload import CpuLoad
+from netsim_ddp.hostfacts.nccl import TransportEvidence
+from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.measure.dilation import notice
 from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content_digest
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.gate import Verdict
-from netsim_ddp.hostfacts.hostload import CpuLoad
-from netsim_ddp.hostfacts.nccl import TransportEvidence
-from netsim_ddp.hostfacts.placement import Placement
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The training side: what each rank runs (modes, models, the measured loop) and how torchrun
-starts it on every emulated node. Importing this package does not import torch; only the ranks
-(rank.py and what it imports) do.
+"""The training side, in two folders: launcher/ starts torchrun on every node and reads what
+the ranks wrote (no torch), ranks/ is what runs inside a rank (torch). Importing this package
+does not import torch (tests/unit/test_layers.py checks it).
 """
 
 from netsim_ddp.precision.modes import MODES, Mode, get_mode, register_mode

@@ -9,6 +9,8 @@ is where a responsibility sits in the wrong place: move the code, not the rule.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import netsim_ddp
@@ -16,15 +18,20 @@ import netsim_ddp
 PACKAGE = Path(netsim_ddp.__file__).parent
 
 # Lowest first. Each wing may import its own modules and any wing before it in this list.
-WINGS = ("common", "precision", "scenario", "fabric", "workload", "measure", "verdicts",
-         "projection", "report", "run")
+# workload/ is two wings and a face: launcher/ (torch-free: starts ranks, reads their results)
+# below ranks/ (inside a rank: torch), and the package's __init__ handing on launcher names.
+WINGS = ("common", "precision", "scenario", "hostfacts", "fabric", "workload.launcher",
+         "workload.ranks", "workload", "measure", "verdicts", "projection", "report", "run")
 TOP = ("__init__", "_moved", "cli", "plugin")  # may import everything
 
 
 def _wing(module: str) -> str:
-    """`netsim_ddp.fabric.core` -> `fabric`; `netsim_ddp.cli` -> `cli`; a name of the package
-    itself (`netsim_ddp.Scenario`) -> `__init__`."""
+    """`netsim_ddp.fabric.core` -> `fabric`; `netsim_ddp.workload.ranks.rank` ->
+    `workload.ranks`; `netsim_ddp.cli` -> `cli`; a name of the package itself
+    (`netsim_ddp.Scenario`) -> `__init__`."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in WINGS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 and parts[1] in WINGS + TOP else "__init__"
 
 
@@ -75,7 +82,57 @@ def against_the_flow() -> list[str]:
 def test_every_module_belongs_to_a_wing():
     top_level = {p.stem for p in PACKAGE.iterdir()
                  if (p.suffix == ".py" or (p / "__init__.py").exists())}
-    assert top_level == set(WINGS) | set(TOP), "a module outside the wings: place it in one"
+    wings = {wing.split(".")[0] for wing in WINGS}
+    assert top_level == wings | set(TOP), "a module outside the wings: place it in one"
+    inside = {p.stem for p in (PACKAGE / "workload").iterdir()
+              if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert inside == {"__init__", "launcher", "ranks"}, \
+        "a workload module outside launcher/ (no torch) and ranks/ (torch): place it in one"
+
+
+# What runs inside a rank: the only modules that may import torch.
+RANK_SIDE = ("workload.ranks",)
+RANK_SIDE_MODULES = ("netsim_ddp.precision.hooks",)  # the comm hooks a rank's DDP installs
+
+
+def launch_side_modules() -> list[str]:
+    """Every module that does not run inside a rank: the launcher, the host facts, the fabric,
+    the runner, the front ends..."""
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module, _ = _module_name(path)
+        if _wing(module) not in RANK_SIDE and module not in RANK_SIDE_MODULES:
+            names.append(module)
+    return names
+
+
+def _import_without_torch(modules: list[str], cwd: Path | None = None):
+    """A fresh interpreter imports `modules` one by one and fails at the first after which
+    torch is loaded, naming it."""
+    code = ("import sys\n"
+            f"for name in {modules!r}:\n"
+            "    __import__(name)\n"
+            "    assert 'torch' not in sys.modules, f'{name} imported torch'\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def test_the_launch_side_never_imports_torch():
+    """torch is imported inside a rank only (workload/ranks/): a process that imports every
+    other module of the package (launcher, host facts, fabric, runner, cli...) has no torch in
+    it, so launching, planning and reading results never pay for (or need) torch."""
+    modules = launch_side_modules()
+    out = _import_without_torch(modules)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert any(m.startswith("netsim_ddp.workload.launcher.") for m in modules)
+    assert not any(m.startswith("netsim_ddp.workload.ranks") for m in modules)
+
+
+def test_the_torch_check_sees_a_launch_side_torch_import(tmp_path):
+    """The check itself: the same probe over a module that imports torch fails, naming it."""
+    (tmp_path / "leaky.py").write_text("import torch\n")
+    out = _import_without_torch(["leaky"], cwd=tmp_path)
+    assert out.returncode != 0 and "leaky imported torch" in out.stderr
 
 
 def test_no_import_runs_against_the_flow():

@@ -25,8 +25,8 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.run import runner
 from netsim_ddp.scenario.spec import BackgroundFlow
 from netsim_ddp.workload import WorkloadError
-from netsim_ddp.workload.ranks.collective import AllreduceResult
 from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
+from netsim_ddp.workload.ranks.collective import AllreduceResult
 
 
 def rank(index: int, local_rank: int, marks=None, sent: int = 800) -> RankSamples:

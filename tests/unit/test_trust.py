@@ -124,8 +124,8 @@ def test_the_summary_line_says_how_far_runs_can_be_trusted():
 
 
 def test_steal_while_training_is_a_warning_above_five_percent():
-    from netsim_ddp.run.session import steal_warning
     from netsim_ddp.hostfacts.hostload import CpuLoad
+    from netsim_ddp.run.session import steal_warning
 
     def report(steal):
         return SimpleNamespace(host_load=CpuLoad(busy=0.6, steal=steal, softirq=0.05))

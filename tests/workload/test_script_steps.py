@@ -1,5 +1,5 @@
-"""A user's script's steps, as the recorder sees them (workload.launcher.steps): no torch, no network.
-The edges, link counters and collective timing are stand-ins that record what was asked of
+"""A user's script's steps, as the recorder sees them (workload.launcher.steps): no torch, no
+network. The edges, link counters and collective timing are stand-ins that record what was asked of
 them."""
 
 from __future__ import annotations

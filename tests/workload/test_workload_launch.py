@@ -13,6 +13,8 @@ import pytest
 
 from conftest import LoopbackNode, live_processes_mentioning
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
+from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
+from netsim_ddp.workload.launcher.results import ModeResult
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
@@ -23,8 +25,6 @@ from netsim_ddp.workload.ranks.collective import (
     read_probe,
 )
 from netsim_ddp.workload.ranks.collective import RESULT_FILE as PROBE_RESULT
-from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
-from netsim_ddp.workload.launcher.results import ModeResult
 
 ALL_MODES = ["fp32", "amp", "amp-fp16", "amp-bf16"]
 TINY = dict(params="200k", batch_size=16, iterations=4, warmup=1, modes=ALL_MODES)
@@ -182,7 +182,8 @@ def test_torchrun_command_line() -> None:
     text = " ".join(argv)
     for piece in ("--nnodes 3", "--nproc-per-node 2", "--node-rank 1", "--rdzv-backend static",
                   "--master-addr 10.0.0.1", "--master-port 29555", "--max-restarts 0",
-                  "-m netsim_ddp.workload.ranks.rank --spec /s.json --out /o --profile /p"):  # fmt: skip
+                  "-m netsim_ddp.workload.ranks.rank --spec /s.json --out /o",
+                  "--profile /p"):
         assert piece in text
 
 

@@ -73,27 +73,33 @@ def torchrun_argv(
     *,
     nnodes: int,
     nproc_per_node: int,
-    node_rank: int,
-    master_addr: str,
-    master_port: int,
     spec_path: Path | str,
     out_dir: Path | str,
     log_dir: Path | str,
+    node_rank: int = 0,
+    master_addr: str = "",
+    master_port: int = 0,
+    rendezvous: Sequence[str] | None = None,
     profile_dir: Path | str | None = None,
     python: str = sys.executable,
     agent: str = "torch.distributed.run",
     entry: Sequence[str] | None = None,
 ) -> list[str]:
-    """The command line for one node's torchrun (or `agent`: agent_module). `entry`: what
-    torchrun starts on each rank instead of the built-in loop (spec_path and out_dir unused)."""
-    argv = [
-        python, "-P", "-m", agent,  # -P: never import from the cwd
-        "--nnodes", str(nnodes),
-        "--nproc-per-node", str(nproc_per_node),
+    """The command line for one node's torchrun (or `agent`: agent_module), the one place it is
+    built. The nodes meet at node 0's master_addr:master_port (static rendezvous), or through
+    `rendezvous` (c10d_rendezvous: a real host's agent). `entry`: what torchrun starts on each
+    rank instead of the built-in loop (spec_path and out_dir unused)."""
+    meet = list(rendezvous) if rendezvous is not None else [
         "--node-rank", str(node_rank),
         "--master-addr", master_addr,
         "--master-port", str(master_port),
         "--rdzv-backend", "static",
+    ]  # fmt: skip
+    argv = [
+        python, "-P", "-m", agent,  # -P: never import from the cwd
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc_per_node),
+        *meet,
         "--max-restarts", "0",  # a failed rank is a failed run, never a silent retry
         "--log-dir", str(log_dir),
         "--tee", "3",  # per-rank stdout/stderr files, and a copy on torchrun's own output
@@ -104,6 +110,17 @@ def torchrun_argv(
     if profile_dir is not None:
         argv += ["--profile", str(profile_dir)]
     return argv
+
+
+def c10d_rendezvous(endpoint: str, rdzv_id: str, join_timeout_s: float,
+                    local_addr: str) -> list[str]:
+    """torchrun's rendezvous through a store another process hosts (`is_host=false`): the
+    multi-host agents' phases. `local_addr`: rank 0's becomes MASTER_ADDR, so the shaped NIC."""
+    return ["--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id,
+            "--rdzv-conf", f"is_host=false,join_timeout={int(join_timeout_s)}",
+            "--local-addr", local_addr]  # fmt: skip
 
 
 def rank_env(socket_ifname: str | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:

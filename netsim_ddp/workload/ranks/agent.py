@@ -1,8 +1,9 @@
 """One emulated node's torchrun whose ranks are forked from it, torch already imported:
 
-    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.ranks.rank ARGS
-    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS -m netsim_ddp.workload.ranks.script_rank
-        SCRIPT ARGS   (a user's script: script_rank.py)
+    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS
+        -m netsim_ddp.workload.ranks.rank ARGS
+    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS
+        -m netsim_ddp.workload.ranks.script_rank SCRIPT ARGS   (a user's script: script_rank.py)
 
 The options are torchrun's, read by torchrun's own parser into torchrun's own launch config,
 and the same elastic agent runs the ranks (static rendezvous, restarts, log files, error files).

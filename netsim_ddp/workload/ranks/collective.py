@@ -18,9 +18,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from netsim_ddp.common.files import write_whole
+from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 from netsim_ddp.precision.modes import WireDtype
 from netsim_ddp.scenario.workload import AllreduceProbe
-from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 
 RESULT_FILE = "allreduce.json"
 # The probe inside the training launch (RankSpec.probe_gated): after each attempt the ranks wait

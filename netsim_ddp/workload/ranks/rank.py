@@ -28,15 +28,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from netsim_ddp.hostfacts.gpus import local_device_index
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode, get_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
-from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
-from netsim_ddp.hostfacts.gpus import local_device_index
-from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
-from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches
-from netsim_ddp.workload.ranks.profiling import Profiler, trace_path
-from netsim_ddp.workload.ranks.replay import ReplayTrainer, build_replay, replay_batches
 from netsim_ddp.workload.launcher.results import (
     REPLAY_DIGEST,
     RankSamples,
@@ -44,8 +39,13 @@ from netsim_ddp.workload.launcher.results import (
     exposed_comm,
     write_result,
 )
-from netsim_ddp.workload.ranks.timing import BucketTimer, register_timed
 from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window
+from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
+from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
+from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches
+from netsim_ddp.workload.ranks.profiling import Profiler, trace_path
+from netsim_ddp.workload.ranks.replay import ReplayTrainer, build_replay, replay_batches
+from netsim_ddp.workload.ranks.timing import BucketTimer, register_timed
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
 LEARNING_RATE = 1e-3

@@ -36,9 +36,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.launcher import steps
+from netsim_ddp.workload.launcher.window import NODE_ENV
 from netsim_ddp.workload.ranks.rank import _flush_all
 from netsim_ddp.workload.ranks.timing import BucketTimer
-from netsim_ddp.workload.launcher.window import NODE_ENV
 
 
 class DdpProbe:
