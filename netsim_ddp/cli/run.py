@@ -18,7 +18,7 @@ from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S, SESSI
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.scenario.units import format_duration, format_rate, format_size
 
-from . import __version__
+from netsim_ddp import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -152,7 +152,7 @@ NETWORK_COMMANDS = frozenset({"check", "plan", "probe", "run"})
 def main(ctx: click.Context) -> None:
     """Emulate a cluster network on this host and test DDP training on it."""
     if ctx.invoked_subcommand in NETWORK_COMMANDS:
-        from .fabric.privilege import prepare
+        from netsim_ddp.fabric.privilege import prepare
 
         prepare(restart=True)
 
@@ -164,7 +164,7 @@ def check(json_out: str | None) -> None:
     """Print what this host can emulate; exit 1 if it can build nothing."""
     from netsim_ddp.hostfacts.gpus import probe_gpus
 
-    from .fabric.capabilities import probe_capabilities, torch_status
+    from netsim_ddp.fabric.capabilities import probe_capabilities, torch_status
 
     caps = probe_capabilities()
     torch_info = torch_status()
@@ -240,9 +240,9 @@ def plan(file: str, gpus: int | None) -> None:
     """Show the network a scenario builds and where its ranks run, without building it."""
     import ipaddress
 
-    from .fabric import FabricError
-    from .fabric.capabilities import probe_capabilities
-    from .fabric.plan import plan_fabric
+    from netsim_ddp.fabric import FabricError
+    from netsim_ddp.fabric.capabilities import probe_capabilities
+    from netsim_ddp.fabric.plan import plan_fabric
 
     (scenario,) = _load_all((file,))
     subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
@@ -312,8 +312,8 @@ def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
               help="Also write the result as JSON ('-': stdout).")
 def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
     """Build each scenario's network and check that this host can drive its links."""
-    from .fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
-    from .fabric.fidelity import check_fidelity
+    from netsim_ddp.fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
+    from netsim_ddp.fabric.fidelity import check_fidelity
 
     scenarios = _load_all(files)
     try:
@@ -533,8 +533,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     from netsim_ddp.run.session import NetsimSession, SessionOptionError
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
-    from .fabric import FabricError
-    from .workload import WorkloadError
+    from netsim_ddp.fabric import FabricError
+    from netsim_ddp.workload import WorkloadError
 
     (scenario,) = _load_all((file,))
     if scenario.workload is not None and scenario.workload.is_script:
@@ -605,7 +605,7 @@ def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, m
     assert scenario.workload is not None
     import torch
 
-    from .workload.ranks.compute_profiler import profile_compute
+    from netsim_ddp.workload.ranks.compute_profiler import profile_compute
 
     torch.set_num_threads(threads)
     profile = profile_compute(scenario.workload, mode_name=mode_name, steps=steps,
@@ -839,7 +839,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
 def clean(dry_run: bool, forget_nic: str | None) -> None:
     """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
     killed `host` agents; live runs and agents are spared. Exit 1 if a NIC is left changed."""
-    from .fabric.stale import clean_stale_runs
+    from netsim_ddp.fabric.stale import clean_stale_runs
 
     if forget_nic is not None:
         if not _clean_nics(dry_run, forget_nic):
@@ -870,8 +870,8 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
 
 def _clean_orphan_nic_locks(dry_run: bool) -> list:
     """Lock files of NIC records that are gone (root's: only root may remove them)."""
-    from .fabric.nic import remove_orphan_locks
-    from .fabric.privilege import host_root
+    from netsim_ddp.fabric.nic import remove_orphan_locks
+    from netsim_ddp.fabric.privilege import host_root
 
     if not host_root():
         return []
@@ -884,8 +884,8 @@ def _clean_orphan_nic_locks(dry_run: bool) -> list:
 def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
     """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded (or their
     records forgotten)."""
-    from .fabric.nic import recorded_nics, restore_stale_nics
-    from .fabric.privilege import host_root
+    from netsim_ddp.fabric.nic import recorded_nics, restore_stale_nics
+    from netsim_ddp.fabric.privilege import host_root
 
     if not host_root():  # agents that shape NICs run as root: their state files are root's
         if recorded := recorded_nics():
@@ -915,8 +915,8 @@ def _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_d
                    allow_untrusted, timeout_s, history_dir):
     """`run` and `launch`: the session of runs from the shared options, its warnings, and the
     network privilege (root, or the user namespace) before anything is built."""
-    from .fabric import PrivilegeError, ensure_network_privilege
-    from .run.session import NetsimSession, SessionOptionError
+    from netsim_ddp.fabric import PrivilegeError, ensure_network_privilege
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
 
     try:
         session = NetsimSession.create(
@@ -939,7 +939,7 @@ def _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_d
 
 def _warn_about_stale_runs() -> None:
     """Namespaces or processes of killed runs load the host and blur this run's numbers."""
-    from .fabric.stale import clean_stale_runs
+    from netsim_ddp.fabric.stale import clean_stale_runs
 
     stale = clean_stale_runs(dry_run=True)  # only looks
     if stale.harmful:
@@ -947,6 +947,3 @@ def _warn_about_stale_runs() -> None:
                   "and distort the results: `netsim-ddp clean` removes them (live runs are "
                   "spared)", soft_wrap=True)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""python -m netsim_ddp.cli"""
+
+from netsim_ddp.cli import main
+
+main()
