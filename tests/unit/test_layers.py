@@ -101,7 +101,8 @@ def launch_side_modules() -> list[str]:
     names = []
     for path in sorted(PACKAGE.rglob("*.py")):
         module, _ = _module_name(path)
-        if _wing(module) not in RANK_SIDE and module not in RANK_SIDE_MODULES:
+        if (_wing(module) not in RANK_SIDE and module not in RANK_SIDE_MODULES
+                and not module.endswith(".__main__")):  # runs the command when imported
             names.append(module)
     return names
 
