@@ -1,359 +1,42 @@
-"""`netsim-ddp`: the command line. Exit codes: 0 ok, 1 a check failed, 2 bad input."""
+"""Commands that train: run, launch (a user's script), host (one host of a real cluster),
+profile-compute."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from netsim_ddp.common.files import write_whole
-from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S, SESSION_OPTIONS
+from netsim_ddp.cli.app import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    FiniteFloat,
+    NetworkCommand,
+    _fail,
+    _gate_options,
+    _human,
+    _load_all,
+    _session_options,
+    _timeout_option,
+    _write_json,
+    err,
+    main,
+    out,
+)
+from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
-from netsim_ddp.scenario.units import format_duration, format_rate, format_size
-
-from netsim_ddp import __version__
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-
-# Logs (CI, files) are not terminals: give tables room rather than rich's default 80 columns.
-_LOG_WIDTH = 120
-out = Console(highlight=False, width=None if sys.stdout.isatty() else _LOG_WIDTH)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else _LOG_WIDTH)
 
 
-def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    sys.exit(code)
-
-
-def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
-    """Every scenario, validated and checked against what this host can hold (every point of
-    a sweep too), before anything is built: the first bad one ends the command."""
-    from netsim_ddp.scenario.limits import HostResources, check_host
-
-    host = HostResources.probe()
-    scenarios = []
-    for path in paths:
-        try:
-            scenario = Scenario.load(path)
-            check_host(scenario, host)
-        except ScenarioError as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
-        scenarios.append(scenario)
-    return scenarios
-
-
-class FiniteFloat(click.ParamType):
-    """A float that is a real number (click's FLOAT takes 'nan' and 'inf'), optionally > 0."""
-
-    name = "float"
-
-    def __init__(self, positive: bool = False):
-        self.positive = positive
-
-    def convert(self, value, param, ctx):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        if self.positive and number <= 0:
-            self.fail(f"{value!r} must be greater than 0", param, ctx)
-        return number
-
-
-class RateParam(click.ParamType):
-    """A link rate with its unit ('400gbit', '50GB/s'), in bits per second, > 0."""
-
-    name = "rate"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, float):
-            return value
-        from netsim_ddp.scenario.units import parse_rate
-
-        try:
-            rate = parse_rate(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-        if rate <= 0:
-            self.fail(f"{value!r} must be greater than 0", param, ctx)
-        return rate
-
-
-NICS_HELP = ("NICs in one server of the calibrated cluster (default 1; H100 servers usually "
-             "have one per GPU): min(GPUs, NICs) carry a server's traffic.")
-NIC_RATE_HELP = ("One NIC's line rate, e.g. 400gbit (default: typical for the calibration's "
-                 "GPUs): a 2-host bus bandwidth above what a ring over the NICs reaches is "
-                 "NCCL's tree, flagged.")
-
-
-def _human(json_out: str | None) -> Console:
-    """Where tables go: stderr when stdout carries the JSON, so `--json -` stays parseable."""
-    return err if json_out == "-" else out
-
-
-def _write_json(target: str | None, document: dict, quiet: bool = False) -> None:
-    if target is None:
-        return
-    text = json.dumps(document, indent=2)
-    if target == "-":
-        click.echo(text)
-        return
-    write_whole(target, text + "\n")  # never a half-written results file
-    if not quiet:
-        err.print(f"wrote {target}")
-
-
-def _session_options(*names: str):
-    """The session options (session.SESSION_OPTIONS, which pytest takes too) named, as click
-    options of a command."""
-
-    def decorate(command):
-        for name in reversed(names):
-            option = SESSION_OPTIONS[name]
-            kind = option.kind
-            extra: dict[str, Any] = (
-                {"is_flag": True} if kind == "flag" else
-                {"multiple": True} if kind == "list" else
-                {"type": click.IntRange(min=1)} if kind == "count" else
-                {"type": click.Path(file_okay=False)} if kind == "folder" else
-                {"type": FiniteFloat(), "default": option.default, "show_default": True}
-                if kind == "fraction" else {})
-            if option.metavar:
-                extra["metavar"] = option.metavar
-            command = click.option(f"--{option.name}", option.dest, help=option.help,
-                                   **extra)(command)
-        return command
-
-    return decorate
-
-
-_gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
-
-
-# The commands that build namespaces. Without root, the process enters its user namespace
-# before such a command starts, while it has one thread (or is started again inside it: see
-# fabric/privilege.py); a refusal is reported where the command needs the network.
-NETWORK_COMMANDS = frozenset({"check", "plan", "probe", "run"})
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="netsim-ddp")
-@click.pass_context
-def main(ctx: click.Context) -> None:
-    """Emulate a cluster network on this host and test DDP training on it."""
-    if ctx.invoked_subcommand in NETWORK_COMMANDS:
-        from netsim_ddp.fabric.privilege import prepare
-
-        prepare(restart=True)
-
-
-@main.command()
-@click.option("--json", "json_out", metavar="OUT",
-              help="Also write the result as JSON ('-': stdout).")
-def check(json_out: str | None) -> None:
-    """Print what this host can emulate; exit 1 if it can build nothing."""
-    from netsim_ddp.hostfacts.gpus import probe_gpus
-
-    from netsim_ddp.fabric.capabilities import probe_capabilities, torch_status
-
-    caps = probe_capabilities()
-    torch_info = torch_status()
-    gpus = probe_gpus()
-    table = Table(title="netsim-ddp check", show_header=True)
-    table.add_column("capability")
-    table.add_column("status")
-    table.add_column("used for")
-    rows = [
-        ("privilege", caps.privilege, "root, or rootless through a user namespace"),
-        ("network namespaces", caps.namespaces, "one per emulated node"),
-        ("veth", caps.veth, "node NICs"),
-        ("bridge", caps.bridge, "the switch"),
-        ("tbf qdisc", caps.tbf, "rate limits"),
-        ("htb qdisc", caps.htb, "(optional) class-based shaping"),
-        ("netem qdisc", caps.netem, "delay, jitter, loss (in the kernel)"),
-        ("delay line", caps.delay_line, "delay, jitter, loss where netem is missing"),
-        ("ifb", caps.ifb, "(optional) ingress shaping"),
-        ("clsact", caps.clsact, "(optional) classifiers"),
-        ("torch", torch_info["torch"] or False, "DDP workloads"),
-        ("gloo", torch_info["gloo"], "CPU collectives"),
-        ("GPUs", gpus.count if gpus.count else False,
-         ", ".join(gpus.names) or "ranks on GPUs (backend nccl)"),
-        ("NCCL", gpus.nccl or False, "GPU collectives"),
-        ("NCCL path", gpus.nccl_usable and caps.can_build,
-         "NCCL over the emulated links" if gpus.nccl_usable and caps.can_build
-         else f"not here: {gpus.missing or 'no emulated network can be built'}"),
-    ]
-    for name, status, use in rows:
-        shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
-                 else str(status))
-        table.add_row(name, shown, use)
-    _human(json_out).print(table)
-    if caps.error:
-        err.print(f"[red]{escape(caps.error)}[/]")
-    if not caps.netem and caps.can_build:
-        _human(json_out).print(
-            "netem is missing: delay, jitter and loss run through the userspace delay line"
-            if caps.delay_line else
-            f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
-            "scenarios with delay, jitter or loss cannot run here")
-    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
-                           "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
-                                                     and caps.can_build}})
-    sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
-
-
-@main.command()
-@click.argument("files", nargs=-1, required=True)
-def validate(files: tuple[str, ...]) -> None:
-    """Check scenario files (every sweep point, and against what this host can hold) without
-    building anything; exit 2 on the first bad one."""
-    for scenario in _load_all(files):
-        link = scenario.link
-        points = (f", {len(scenario.sweep.points())} sweep points checked"
-                  if scenario.sweep is not None else "")
-        out.print(f"ok: {scenario.path} ({scenario.name}: {scenario.topology.nodes} nodes x "
-                  f"{scenario.topology.ranks_per_node} ranks at {format_rate(link.rate)}"
-                  f"{points})")
-
-
-@main.command()
-def schema() -> None:
-    """Print the JSON Schema of scenario files (for editors)."""
-    click.echo(Scenario.json_schema())
-
-
-@main.command()
-@click.argument("file")
-@click.option("--gpus", type=click.IntRange(min=0), default=None,
-              help="Plan the ranks for a host with this many GPUs (default: this host's).")
-def plan(file: str, gpus: int | None) -> None:
-    """Show the network a scenario builds and where its ranks run, without building it."""
-    import ipaddress
-
-    from netsim_ddp.fabric import FabricError
-    from netsim_ddp.fabric.capabilities import probe_capabilities
-    from netsim_ddp.fabric.plan import plan_fabric
-
-    (scenario,) = _load_all((file,))
-    subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
-    impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
-    try:  # which delay backend applies depends on this host's kernel
-        fabric_plan = plan_fabric(scenario, "000000", subnet,
-                                  impaired and probe_capabilities().netem)
-    except FabricError as exc:
-        _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
-    table = Table(title=f"{scenario.name}: switch {fabric_plan.bridge}, MTU {fabric_plan.mtu}"
-                  + ("" if scenario.topology.subnet else " (subnet drawn per run)"))
-    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs",
-                   "delay by"):
-        table.add_column(column)
-    for node in fabric_plan.nodes:
-        link = node.link
-        table.add_row(node.name, node.address, format_rate(link.rate),
-                      format_duration(link.delay), format_duration(link.jitter), f"{link.loss:g}%",
-                      format_size(link.queue_limit_bytes),
-                      " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
-    out.print(table)
-    if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
-        sys.exit(EXIT_FAILED)
-
-
-def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
-    """The ranks: backend, each rank's device, each node's NCCL environment. False if this
-    host (or one with `gpus` GPUs) would refuse the scenario."""
-    from netsim_ddp.hostfacts.gpus import GpuInventory, probe_gpus
-    from netsim_ddp.hostfacts.placement import place
-
-    assert scenario.workload is not None
-    inventory = probe_gpus()
-    if gpus is not None:  # a GPU host as the user describes it, with NCCL
-        inventory = GpuInventory(gpus, missing=None if gpus else "no GPUs (--gpus 0)")
-    placement = place(scenario.workload, scenario.topology, inventory)
-    where = f"a host with {gpus} GPUs" if gpus is not None else "this host"
-    if placement.refused:
-        out.print(f"ranks: {escape(placement.describe())}", soft_wrap=True)
-        if gpus is None:
-            out.print("(plan for a GPU host with --gpus N)")
-        return False
-    out.print(f"ranks on {where}: {escape(placement.describe())}", soft_wrap=True)
-    table = Table()
-    for column in ("node", "local rank", "rank", "device"):
-        table.add_column(column)
-    per_node = scenario.topology.ranks_per_node
-    for node in fabric_plan.nodes:
-        for local in range(per_node):
-            device = (f"cuda:{placement.gpus.devices[node.index][local]}" if placement.gpus
-                      else "cpu")
-            table.add_row(node.name, str(local), str(node.index * per_node + local), device)
-    out.print(table)
-    envs = placement.node_env("<run>", [node.name for node in fabric_plan.nodes])
-    for node, env in zip(fabric_plan.nodes, envs, strict=True):
-        if env:
-            out.print(f"{node.name} env: " + " ".join(f"{k}={v}" for k, v in env.items()),
-                      soft_wrap=True)
-    return True
-
-
-@main.command()
-@click.argument("files", nargs=-1, required=True)
-@click.option("--seconds", type=FiniteFloat(positive=True), default=None,
-              help="Probe length (default: the scenario's).")
-@click.option("--json", "json_out", metavar="OUT",
-              help="Also write the result as JSON ('-': stdout).")
-def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
-    """Build each scenario's network and check that this host can drive its links."""
-    from netsim_ddp.fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
-    from netsim_ddp.fabric.fidelity import check_fidelity
-
-    scenarios = _load_all(files)
-    try:
-        ensure_network_privilege()
-    except PrivilegeError as exc:
-        _fail(str(exc), EXIT_FAILED)
-    results, all_trusted = [], True
-    table = Table(title="fidelity: achieved / expected TCP goodput")
-    for column in ("scenario", "path", "cap", "expected", "achieved", "fraction", "verdict"):
-        table.add_column(column)
-    for scenario in scenarios:
-        try:
-            with err.status(f"{scenario.name}: building the network and probing its links"):
-                with Fabric(scenario) as fabric:
-                    report = check_fidelity(fabric, seconds)
-        except FabricError as exc:
-            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
-        all_trusted &= report.trusted
-        for sample in report.samples:
-            ok = sample.fraction >= report.min_fraction
-            table.add_row(scenario.name, f"{sample.source} -> {sample.destination}",
-                          format_rate(sample.cap_bps), format_rate(sample.expected_bps),
-                          format_rate(sample.goodput_bps), f"{sample.fraction:.1%}",
-                          "[green]trusted[/]" if ok else "[red]untrusted[/]")
-        results.append({"name": scenario.name, "file": str(scenario.path),
-                        "fidelity": report.as_dict()})
-        if not report.trusted:
-            err.print(f"{scenario.name}: {report.reason}")
-    _human(json_out).print(table)
-    _write_json(json_out, {"scenarios": results})
-    sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)
-
-
-@main.command()
+@main.command(cls=NetworkCommand)
 @click.argument("files", nargs=-1, required=True)
 @_session_options("json", "iterations", "out")
 @click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
 @_session_options("allow-untrusted")
-@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
-              help="Seconds before hung ranks are killed.")
+@_timeout_option
 @_gate_options
 @_session_options("history")
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
@@ -397,8 +80,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("file")
 @_session_options("json", "iterations", "out", "allow-untrusted")
-@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
-              help="Seconds each variant's ranks may take before they are killed.")
+@_timeout_option
 @_gate_options
 @_session_options("history")
 @click.option("--steps", type=click.Choice(["auto", "optimizer", "marker"]), default=None,
@@ -506,8 +188,7 @@ def _print_report(human: Console, report) -> None:
               help="Node 0's port for the job's c10d store (and torchrun's rendezvous).")
 @click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
 @_session_options("json", "out", "iterations")
-@click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
-              help="Seconds before hung ranks are killed.")
+@_timeout_option
 @click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
               default=JOIN_TIMEOUT_S, show_default=True,
               help="Seconds to wait for every host to arrive.")
@@ -528,12 +209,11 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     NIC exactly; node 0 reports as `run` does."""
     import secrets
 
+    from netsim_ddp.fabric import FabricError
     from netsim_ddp.run.host_agent import HostConfigError, HostError, HostOptions, run_host
     from netsim_ddp.run.runner import run_folder
     from netsim_ddp.run.session import NetsimSession, SessionOptionError
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
-
-    from netsim_ddp.fabric import FabricError
     from netsim_ddp.workload import WorkloadError
 
     (scenario,) = _load_all((file,))
@@ -617,300 +297,6 @@ def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, m
                f"{len(profile.layers)} layers; use it as workload.profile")
 
 
-@main.command("report")
-@click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", "out_dir", default="report", show_default=True,
-              type=click.Path(file_okay=False), help="Folder for the PNGs and the report.")
-@click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
-              help="nccl-tests output of the target cluster (repeat for a one-server run): "
-                   "project each sweep again from it.")
-@click.option("--nics-per-server", type=click.IntRange(min=1), default=None, help=NICS_HELP)
-@click.option("--nic-bandwidth", "nic_bandwidth", type=RateParam(), default=None,
-              help=NIC_RATE_HELP)
-@click.option("--history", "history_paths", multiple=True, type=click.Path(exists=True),
-              metavar="PATH", help="Earlier results files (or folders of them): add each "
-                                   "metric's history, its change points and verdict "
-                                   "(repeatable; RESULTS is the newest run).")
-def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
-                   nics_per_server: int | None, nic_bandwidth: float | None,
-                   history_paths: tuple[str, ...]) -> None:
-    """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
-    from netsim_ddp.measure.document import DocumentError
-    from netsim_ddp.projection.calibrate import CalibrationError
-    from netsim_ddp.projection.nccl_tests import NcclParseError
-    from netsim_ddp.report.plots import report
-    from netsim_ddp.verdicts.history import HistoryError, judge_history, load_runs, runs_in
-
-    judged = None
-    if history_paths:
-        paths = [path for given in history_paths
-                 for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
-        paths = [path for path in paths if path.resolve() != Path(results).resolve()]
-        try:
-            runs, notes = load_runs([*paths, results])
-        except HistoryError as exc:
-            _fail(f"--history: {exc}", EXIT_BAD_INPUT)
-        judged = judge_history(runs)
-        judged.notes[:0] = notes
-    try:
-        if not calibration and (nics_per_server is not None or nic_bandwidth is not None):
-            _fail("--nics-per-server/--nic-bandwidth describe a --calibration's servers: give "
-                  "the calibration too", EXIT_BAD_INPUT)
-        path = report(results, out_dir, calibration=list(calibration) or None, history=judged,
-                      nics_per_server=nics_per_server, nic_bandwidth_bps=nic_bandwidth)
-    except (CalibrationError, NcclParseError) as exc:
-        _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
-    except DocumentError as exc:
-        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
-    out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
-
-
-@main.command()
-@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--metric", "metrics", multiple=True, metavar="METRIC",
-              help="A metric to follow, e.g. comm_s.p95 (repeatable; default: iteration and "
-                   "comm medians, scaling efficiency, wire bytes).")
-@click.option("--tolerance", "tolerances", multiple=True, metavar="METRIC:PCT",
-              help="How much worse than the best earlier level the newest run may be, e.g. "
-                   "median:5% (repeatable; default 5% for each metric).")
-@click.option("--alpha", type=FiniteFloat(), default=0.05, show_default=True,
-              help="Significance level of change points and regressions.")
-@click.option("--as-given", is_flag=True,
-              help="Judge the runs in the order given, not by their recorded times.")
-@click.option("--json", "json_out", metavar="OUT",
-              help="Also write the verdicts and change points as JSON ('-': stdout).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write a plot per series and metric, and history.md/.html, here.")
-def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tuple[str, ...],
-            alpha: float, as_given: bool, json_out: str | None, out_dir: str | None) -> None:
-    """Change points in the history of earlier runs (`run --json` files, or folders of
-    them), and a verdict on the newest run; exit 1 if it regressed."""
-    from netsim_ddp.report.ci import append_step_summary, change_text, history_summary
-    from netsim_ddp.verdicts.history import (
-        HistoryError,
-        judge_history,
-        load_runs,
-        parse_metrics,
-        runs_in,
-    )
-
-    if not 0 < alpha < 1:
-        _fail(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
-    paths = [path for given in results
-             for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
-    try:
-        chosen, fractions = parse_metrics(metrics, tolerances)
-        runs, notes = load_runs(paths, by_time=not as_given)
-    except HistoryError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    report = judge_history(runs, chosen, fractions, alpha)
-    report.notes[:0] = notes
-    human = _human(json_out)
-    human.print(f"{len(runs)} runs: " + ", ".join(f"{run.number} {run.source}"
-                                                  for run in runs), soft_wrap=True)
-    for note in report.notes:
-        human.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    for item in sorted(report.metrics, key=lambda h: (h.key.label, str(h.metric))):
-        for point in item.segmentation.change_points:
-            human.print(f"  change {escape(change_text(item, point))}", soft_wrap=True)
-        verdict = item.verdict
-        if verdict is None:
-            human.print(f"  - {item.key.label} {item.metric}: {len(item.values)} run(s), "
-                        "nothing to compare yet")
-        elif not item.gating:
-            human.print(f"  - {escape(verdict.detail)} (an older series: not gated)",
-                        soft_wrap=True)
-        else:
-            mark = "[green]ok[/]" if verdict.passed else "[red]FAILED[/]"
-            human.print(f"  {mark} {escape(verdict.detail)}", soft_wrap=True)
-    if out_dir is not None:
-        from netsim_ddp.report.plots import history_report
-
-        path = history_report(report, out_dir)
-        err.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
-    append_step_summary(history_summary(report))
-    _write_json(json_out, report.as_dict())
-    sys.exit(EXIT_OK if report.passed else EXIT_FAILED)
-
-
-@main.command()
-@click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "kind", default="github-action-benchmark", show_default=True,
-              type=click.Choice(["github-action-benchmark", "github-action-benchmark-bigger",
-                                 "bencher"]),
-              help="github-action-benchmark's customSmallerIsBetter (times, bytes) or "
-                   "customBiggerIsBetter (-bigger: scaling efficiency), or Bencher Metric "
-                   "Format.")
-@click.option("--out", "out_file", default="-", show_default=True, metavar="FILE",
-              help="Where to write it ('-': stdout).")
-def export(results: str, kind: str, out_file: str) -> None:
-    """The results of `run --json` in a benchmark-tracking service's format."""
-    from netsim_ddp.measure.document import DocumentError, load_document
-    from netsim_ddp.report.ci import bencher_metrics, github_benchmark
-
-    try:
-        document = load_document(results)
-    except DocumentError as exc:
-        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
-    data = (bencher_metrics(document) if kind == "bencher"
-            else github_benchmark(document, bigger_is_better=kind.endswith("-bigger")))
-    _write_json(out_file, data)  # type: ignore[arg-type]
-
-
-@main.command()
-@click.argument("files", nargs=-1, required=True)
-@click.option("--json", "json_out", metavar="OUT",
-              help="Also write the calibration as JSON ('-': stdout).")
-@click.option("--collective", type=click.Choice(["all_reduce", "reduce_scatter", "all_gather"]),
-              help="For output that does not say which test ran.")
-@click.option("--nics-per-server", type=click.IntRange(min=1), default=None, help=NICS_HELP)
-@click.option("--nic-bandwidth", "nic_bandwidth", type=RateParam(), default=None,
-              help=NIC_RATE_HELP)
-def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None,
-              nics_per_server: int | None, nic_bandwidth: float | None) -> None:
-    """Fit collective time against message size to nccl-tests output (as printed or pasted,
-    or its -J JSON); print per size the measured and modelled time, the error in sample and
-    held out, and whether a multi-host all_reduce can be extrapolated to more hosts."""
-    from netsim_ddp.projection.calibrate import (
-        ERROR_FROM_BYTES,
-        CalibrationError,
-        load,
-        projection_use,
-    )
-    from netsim_ddp.projection.cluster import check_network, nics_of
-    from netsim_ddp.projection.nccl_tests import CALIBRATABLE, NcclParseError
-
-    try:
-        found = load(files, collective)
-    except (CalibrationError, NcclParseError) as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    human = _human(json_out)
-    documents = []
-    for calibration in found:
-        document = calibration.as_dict()
-        documents.append(document)
-        table = Table(title=calibration.label, title_justify="left")
-        for column in ("size", "measured us", "modelled us", "in-sample error",
-                       "held-out error"):
-            table.add_column(column, justify="right", no_wrap=True)
-        for row in document["sizes"]:
-            table.add_row(format_size(row["size"]), f"{row['measured_s'] * 1e6:.1f}",
-                          f"{row['modelled_s'] * 1e6:.1f}", f"{row['error']:+.1%}",
-                          "-" if row["held_out_error"] is None
-                          else f"{row['held_out_error']:+.1%}")
-        table.caption = ("modelled: isotonic + PCHIP through log time vs log size. In sample: "
-                         "the curve through every size, ~0 by construction; held out: the "
-                         "curve fitted without that size, predicting it (the honest one)")
-        human.print(table)
-        line = document["alpha_beta_line"]
-        worst, held = (document["max_abs_error_from_1MiB"],
-                       document["max_abs_held_out_error_from_1MiB"])
-        if worst is not None:
-            human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |held-out error| "
-                        + (f"{held:.1%}" if held is not None else "- (too few sizes)")
-                        + f" (in sample {worst:.1%})")
-        human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
-                    f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
-                    f"to {line['max_abs_error']:.0%}")
-        if calibration.hosts > 1 and calibration.collective == "all_reduce":
-            try:
-                nics = nics_of(calibration, nics_per_server=nics_per_server,
-                               nic_bandwidth_bps=nic_bandwidth, where="--calibration")
-            except CalibrationError as exc:
-                _fail(str(exc), EXIT_BAD_INPUT)
-            check = check_network(calibration, nics)
-            document["network_check"] = {"nics": nics.as_dict(), "tree": check.tree,
-                                         "ring_scale": check.ring_scale,
-                                         "flags": list(check.flags),
-                                         "notes": list(check.notes)}
-            for flag in check.flags:
-                human.print(f"[bold red]{escape(flag)}[/]")
-            for note in check.notes:
-                human.print(f"[yellow]note: {escape(note)}[/]")
-        human.print(f"[yellow]{escape(projection_use(calibration, CALIBRATABLE))}[/]")
-    _write_json(json_out, {"calibrations": documents})
-
-
-@main.command()
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed; writes nothing.")
-@click.option("--forget-nic", metavar="NIC",
-              help="Drop the records of killed agents' NIC of this name without restoring it "
-                   "(after you put the NIC right by hand); nothing else is cleaned.")
-def clean(dry_run: bool, forget_nic: str | None) -> None:
-    """Remove what killed runs left (namespaces, processes, lock files) and restore NICs of
-    killed `host` agents; live runs and agents are spared. Exit 1 if a NIC is left changed."""
-    from netsim_ddp.fabric.stale import clean_stale_runs
-
-    if forget_nic is not None:
-        if not _clean_nics(dry_run, forget_nic):
-            out.print(f"no record of a killed agent names {escape(forget_nic)}")
-        return
-    report = clean_stale_runs(dry_run=dry_run)
-    verb = "would remove" if dry_run else "removed"
-    for name in report.removed:
-        out.print(f"{verb} namespace {name}")
-    if report.killed_processes:
-        out.print(f"{'would kill' if dry_run else 'killed'} {report.killed_processes} "
-                  "leftover processes")
-    for run_id in report.removed_locks:
-        out.print(f"{verb} the lock file of dead run {run_id}")
-    for run_id, pid in report.live_runs.items():
-        out.print(f"left run {run_id} alone: it is live (pid {pid})")
-    if report.root_litter:
-        out.print(f"root's killed runs left {len(report.root_litter)} namespaces "
-                  f"({', '.join(report.root_litter)}): run `sudo netsim-ddp clean` to remove them")
-    nics = _clean_nics(dry_run)
-    orphans = _clean_orphan_nic_locks(dry_run)
-    if not (report.removed or report.killed_processes or report.removed_locks or nics
-            or orphans):
-        out.print("nothing to clean")
-    if any(nic.left_changed for nic in nics):
-        sys.exit(EXIT_FAILED)
-
-
-def _clean_orphan_nic_locks(dry_run: bool) -> list:
-    """Lock files of NIC records that are gone (root's: only root may remove them)."""
-    from netsim_ddp.fabric.nic import remove_orphan_locks
-    from netsim_ddp.fabric.privilege import host_root
-
-    if not host_root():
-        return []
-    orphans = remove_orphan_locks(dry_run=dry_run)
-    if orphans:
-        verb = "would remove" if dry_run else "removed"
-        out.print(f"{verb} {len(orphans)} lock files of NIC records that are gone")
-    return orphans
-
-def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
-    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded (or their
-    records forgotten)."""
-    from netsim_ddp.fabric.nic import recorded_nics, restore_stale_nics
-    from netsim_ddp.fabric.privilege import host_root
-
-    if not host_root():  # agents that shape NICs run as root: their state files are root's
-        if recorded := recorded_nics():
-            out.print(f"root's `host` agents recorded {len(recorded)} NICs: only root can tell "
-                      "whether an agent was killed and restore its NIC (`sudo netsim-ddp clean`)")
-        return []
-    found = restore_stale_nics(dry_run=dry_run, forget=forget)
-    for nic in found:
-        where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"
-        line = {"restored": f"restored {where} as its agent recorded it"
-                            + (f"; killed {nic.killed_processes} of its processes"
-                               if nic.killed_processes else ""),
-                "would-restore": f"would restore {where}",
-                "gone": f"dropped the record of {where}: {nic.error}",
-                "would-drop": f"would drop the record of {where}: {nic.error}",
-                "forgotten": f"forgot the record of {where}; the NIC was not touched",
-                "would-forget": f"would forget the record of {where}"}.get(nic.outcome)
-        if line is not None:
-            out.print(escape(line), soft_wrap=True)
-        else:
-            err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}",
-                      soft_wrap=True)
-    return found
-
-
 def _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
                    allow_untrusted, timeout_s, history_dir):
     """`run` and `launch`: the session of runs from the shared options, its warnings, and the
@@ -946,4 +332,3 @@ def _warn_about_stale_runs() -> None:
         err.print(f"[yellow]warning:[/] {escape(stale.describe())}; they can load this host "
                   "and distort the results: `netsim-ddp clean` removes them (live runs are "
                   "spared)", soft_wrap=True)
-

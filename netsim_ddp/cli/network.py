@@ -1,0 +1,214 @@
+"""Commands about this host and a scenario's network: check, validate, schema, plan, probe."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from netsim_ddp.cli.app import (
+    EXIT_FAILED,
+    EXIT_OK,
+    FiniteFloat,
+    NetworkCommand,
+    _fail,
+    _human,
+    _load_all,
+    _write_json,
+    err,
+    main,
+    out,
+)
+from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.units import format_duration, format_rate, format_size
+
+
+@main.command(cls=NetworkCommand)
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the result as JSON ('-': stdout).")
+def check(json_out: str | None) -> None:
+    """Print what this host can emulate; exit 1 if it can build nothing."""
+    from netsim_ddp.fabric.capabilities import probe_capabilities, torch_status
+    from netsim_ddp.hostfacts.gpus import probe_gpus
+
+    caps = probe_capabilities()
+    torch_info = torch_status()
+    gpus = probe_gpus()
+    table = Table(title="netsim-ddp check", show_header=True)
+    table.add_column("capability")
+    table.add_column("status")
+    table.add_column("used for")
+    rows = [
+        ("privilege", caps.privilege, "root, or rootless through a user namespace"),
+        ("network namespaces", caps.namespaces, "one per emulated node"),
+        ("veth", caps.veth, "node NICs"),
+        ("bridge", caps.bridge, "the switch"),
+        ("tbf qdisc", caps.tbf, "rate limits"),
+        ("htb qdisc", caps.htb, "(optional) class-based shaping"),
+        ("netem qdisc", caps.netem, "delay, jitter, loss (in the kernel)"),
+        ("delay line", caps.delay_line, "delay, jitter, loss where netem is missing"),
+        ("ifb", caps.ifb, "(optional) ingress shaping"),
+        ("clsact", caps.clsact, "(optional) classifiers"),
+        ("torch", torch_info["torch"] or False, "DDP workloads"),
+        ("gloo", torch_info["gloo"], "CPU collectives"),
+        ("GPUs", gpus.count if gpus.count else False,
+         ", ".join(gpus.names) or "ranks on GPUs (backend nccl)"),
+        ("NCCL", gpus.nccl or False, "GPU collectives"),
+        ("NCCL path", gpus.nccl_usable and caps.can_build,
+         "NCCL over the emulated links" if gpus.nccl_usable and caps.can_build
+         else f"not here: {gpus.missing or 'no emulated network can be built'}"),
+    ]
+    for name, status, use in rows:
+        shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
+                 else str(status))
+        table.add_row(name, shown, use)
+    _human(json_out).print(table)
+    if caps.error:
+        err.print(f"[red]{escape(caps.error)}[/]")
+    if not caps.netem and caps.can_build:
+        _human(json_out).print(
+            "netem is missing: delay, jitter and loss run through the userspace delay line"
+            if caps.delay_line else
+            f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
+            "scenarios with delay, jitter or loss cannot run here")
+    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
+                           "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
+                                                     and caps.can_build}})
+    sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+def validate(files: tuple[str, ...]) -> None:
+    """Check scenario files (every sweep point, and against what this host can hold) without
+    building anything; exit 2 on the first bad one."""
+    for scenario in _load_all(files):
+        link = scenario.link
+        points = (f", {len(scenario.sweep.points())} sweep points checked"
+                  if scenario.sweep is not None else "")
+        out.print(f"ok: {scenario.path} ({scenario.name}: {scenario.topology.nodes} nodes x "
+                  f"{scenario.topology.ranks_per_node} ranks at {format_rate(link.rate)}"
+                  f"{points})")
+
+
+@main.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files (for editors)."""
+    click.echo(Scenario.json_schema())
+
+
+@main.command(cls=NetworkCommand)
+@click.argument("file")
+@click.option("--gpus", type=click.IntRange(min=0), default=None,
+              help="Plan the ranks for a host with this many GPUs (default: this host's).")
+def plan(file: str, gpus: int | None) -> None:
+    """Show the network a scenario builds and where its ranks run, without building it."""
+    import ipaddress
+
+    from netsim_ddp.fabric import FabricError
+    from netsim_ddp.fabric.capabilities import probe_capabilities
+    from netsim_ddp.fabric.plan import plan_fabric
+
+    (scenario,) = _load_all((file,))
+    subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
+    impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
+    try:  # which delay backend applies depends on this host's kernel
+        fabric_plan = plan_fabric(scenario, "000000", subnet,
+                                  impaired and probe_capabilities().netem)
+    except FabricError as exc:
+        _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+    table = Table(title=f"{scenario.name}: switch {fabric_plan.bridge}, MTU {fabric_plan.mtu}"
+                  + ("" if scenario.topology.subnet else " (subnet drawn per run)"))
+    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs",
+                   "delay by"):
+        table.add_column(column)
+    for node in fabric_plan.nodes:
+        link = node.link
+        table.add_row(node.name, node.address, format_rate(link.rate),
+                      format_duration(link.delay), format_duration(link.jitter), f"{link.loss:g}%",
+                      format_size(link.queue_limit_bytes),
+                      " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
+    out.print(table)
+    if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
+        sys.exit(EXIT_FAILED)
+
+
+def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
+    """The ranks: backend, each rank's device, each node's NCCL environment. False if this
+    host (or one with `gpus` GPUs) would refuse the scenario."""
+    from netsim_ddp.hostfacts.gpus import GpuInventory, probe_gpus
+    from netsim_ddp.hostfacts.placement import place
+
+    assert scenario.workload is not None
+    inventory = probe_gpus()
+    if gpus is not None:  # a GPU host as the user describes it, with NCCL
+        inventory = GpuInventory(gpus, missing=None if gpus else "no GPUs (--gpus 0)")
+    placement = place(scenario.workload, scenario.topology, inventory)
+    where = f"a host with {gpus} GPUs" if gpus is not None else "this host"
+    if placement.refused:
+        out.print(f"ranks: {escape(placement.describe())}", soft_wrap=True)
+        if gpus is None:
+            out.print("(plan for a GPU host with --gpus N)")
+        return False
+    out.print(f"ranks on {where}: {escape(placement.describe())}", soft_wrap=True)
+    table = Table()
+    for column in ("node", "local rank", "rank", "device"):
+        table.add_column(column)
+    per_node = scenario.topology.ranks_per_node
+    for node in fabric_plan.nodes:
+        for local in range(per_node):
+            device = (f"cuda:{placement.gpus.devices[node.index][local]}" if placement.gpus
+                      else "cpu")
+            table.add_row(node.name, str(local), str(node.index * per_node + local), device)
+    out.print(table)
+    envs = placement.node_env("<run>", [node.name for node in fabric_plan.nodes])
+    for node, env in zip(fabric_plan.nodes, envs, strict=True):
+        if env:
+            out.print(f"{node.name} env: " + " ".join(f"{k}={v}" for k, v in env.items()),
+                      soft_wrap=True)
+    return True
+
+
+@main.command(cls=NetworkCommand)
+@click.argument("files", nargs=-1, required=True)
+@click.option("--seconds", type=FiniteFloat(positive=True), default=None,
+              help="Probe length (default: the scenario's).")
+@click.option("--json", "json_out", metavar="OUT",
+              help="Also write the result as JSON ('-': stdout).")
+def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -> None:
+    """Build each scenario's network and check that this host can drive its links."""
+    from netsim_ddp.fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
+    from netsim_ddp.fabric.fidelity import check_fidelity
+
+    scenarios = _load_all(files)
+    try:
+        ensure_network_privilege()
+    except PrivilegeError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    results, all_trusted = [], True
+    table = Table(title="fidelity: achieved / expected TCP goodput")
+    for column in ("scenario", "path", "cap", "expected", "achieved", "fraction", "verdict"):
+        table.add_column(column)
+    for scenario in scenarios:
+        try:
+            with err.status(f"{scenario.name}: building the network and probing its links"):
+                with Fabric(scenario) as fabric:
+                    report = check_fidelity(fabric, seconds)
+        except FabricError as exc:
+            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+        all_trusted &= report.trusted
+        for sample in report.samples:
+            ok = sample.fraction >= report.min_fraction
+            table.add_row(scenario.name, f"{sample.source} -> {sample.destination}",
+                          format_rate(sample.cap_bps), format_rate(sample.expected_bps),
+                          format_rate(sample.goodput_bps), f"{sample.fraction:.1%}",
+                          "[green]trusted[/]" if ok else "[red]untrusted[/]")
+        results.append({"name": scenario.name, "file": str(scenario.path),
+                        "fidelity": report.as_dict()})
+        if not report.trusted:
+            err.print(f"{scenario.name}: {report.reason}")
+    _human(json_out).print(table)
+    _write_json(json_out, {"scenarios": results})
+    sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)
