@@ -9,18 +9,16 @@ measure the CPU.
 from __future__ import annotations
 
 import contextlib
-import math
-import statistics
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from netsim_ddp.common.metrics import ring_allreduce_lower_bound, summarize
+from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import Fabric
-from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic, scheduled_on_s
+from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
@@ -32,52 +30,29 @@ from netsim_ddp.hostfacts.nccl import (
     verify_transport,
 )
 from netsim_ddp.hostfacts.placement import place
-from netsim_ddp.measure.dilation import replay_late_s, to_target_time
+from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.precision.modes import (
-    MODES,
-    REFERENCE_MODE,
-    get_mode,
-    wire_ratio,
-)
+from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
+from netsim_ddp.run.probing import _probe_collective, _ProbeAttempts, _ProbeGate, _ProbeRefused
+from netsim_ddp.run.site import Launcher, Progress
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
-from netsim_ddp.verdicts.crossing import CrossingVerdict, expected_cross_node
 from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
+from netsim_ddp.verdicts.run_checks import (
+    background_checks,
+    crossing_checks,
+    delay_line_checks,
+    measurement_checks,
+    replay_checks,
+    wire_ratio_checks,
+)
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
 from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
 from netsim_ddp.workload.launcher.window import NODE_ENV
-from netsim_ddp.workload.ranks.collective import (
-    AGAIN,
-    TRAIN,
-    AllreduceProbe,
-    attempt_dir,
-    busbw_samples,
-    give_verdict,
-    read_probe,
-)
-from netsim_ddp.workload.ranks.collective import RESULT_FILE as PROBE_RESULT_FILE
-
-PROBE_MIN_BYTES = 8 * 2**20
-PROBE_MAX_BYTES = 64 * 2**20
-WIRE_RATIO_TOLERANCE = 0.03  # of the ratio: DDP's own few bytes outside the buckets
-
-Progress = Callable[[str], None]
-
-
-class Launcher(Protocol):
-    """How a run's ranks are started: on the emulated nodes of a fabric (`run`), or one
-    torchrun per real host (`netsim-ddp host`). Each rank reads its own NIC's counters at the
-    measured window's edges, so the accounting is the same either way."""
-
-    def __call__(self, spec: RankSpec, out_dir: Path, timeout_s: float, *,
-                 profile: bool = False,
-                 env: Mapping[str, str] | None = None,
-                 watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]: ...
 
 
 def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
@@ -165,34 +140,6 @@ def _resolved_profile(scenario: Scenario, workload):
         return workload
     base = scenario.path.parent if scenario.path is not None else Path.cwd()
     return workload.model_copy(update={"profile": str((base / workload.profile).resolve())})
-
-
-REPLAY_LATE_FRACTION = 0.05  # of the replayed compute: how late a release may be, at most
-REPLAY_LATE_FLOOR_S = 0.002  # ... and never less than this (target time)
-
-
-def replay_checks(report: ScenarioReport) -> list[Verdict]:
-    """Did the host keep each mode's replay schedule? The median over iterations of the latest
-    release of any rank (target time) must be within REPLAY_LATE_FRACTION of the replayed
-    compute (REPLAY_LATE_FLOOR_S at least); a host that cannot keep it measures itself."""
-    workload = report.scenario.workload
-    checks = []
-    for name, mode in report.modes.items():
-        late = replay_late_s(mode.result)
-        if late is None or workload is None or mode.compute is None:
-            continue  # not replayed (a user's script never is: it has no compute-only steps)
-        compute = mode.compute.median
-        bound = max(REPLAY_LATE_FRACTION * compute, REPLAY_LATE_FLOOR_S)
-        median = statistics.median(late)
-        advice = ("" if median <= bound else
-                  ": the host could not keep the schedule; raise emulation.dilation")
-        checks.append(Verdict(
-            f"fidelity:replay:{name}", median <= bound,
-            f"{name}: the host released gradients a median {median * 1e3:.2f} ms (max "
-            f"{max(late) * 1e3:.2f} ms) later than the replay asked, target time; allowed "
-            f"{bound * 1e3:.2f} ms ({REPLAY_LATE_FRACTION:.0%} of {compute * 1e3:.0f} ms "
-            f"compute){advice}"))
-    return checks
 
 
 def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
@@ -419,88 +366,6 @@ def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callab
     return check
 
 
-def delay_line_checks(monitors, final_stats: dict[str, dict[str, object]],
-                      results: dict[str, ModeResult], multi_node: bool) -> list[Verdict]:
-    """Each mode's measured window, then the forwarders' whole life (the probe included),
-    against the bounds in fabric/delayline/health.py; none without a delay line."""
-    if not final_stats and not monitors:
-        return []
-    checks = []
-    for mode, result in results.items():
-        window = _measured_window(result)
-        if window is None:
-            continue  # no link marks: measurement_checks reports that
-        found = delay_line_health.judge_window(monitors, *window, expect_traffic=multi_node)
-        checks.append(Verdict(f"delay-line:{mode}", all(h.passed for h in found),
-                              f"in {mode}'s measured window: " + "; ".join(
-                                  h.detail for h in found if not h.passed or
-                                  all(h.passed for h in found))))
-    final = delay_line_health.judge_final(final_stats)
-    checks.append(Verdict("delay-line", all(h.passed for h in final),
-                          "over the whole run: " + "; ".join(h.detail for h in final)))
-    return checks
-
-
-def measurement_checks(modes: dict[str, ModeReport], nodes: int) -> list[Verdict]:
-    """A counter that saw nothing is a broken measurement, never a zero: the comm hook must
-    have counted gradient bytes wherever there is more than one rank, and across nodes the
-    links must have carried more than the background traffic did."""
-    checks = []
-    for mode, report in modes.items():
-        problems = []
-        script = report.result.script
-        ddp = script is None or script.ddp_models > 0  # a script may train without DDP
-        if (report.result.world_size > 1 and ddp
-                and report.result.sent_bytes_per_iteration <= 0):
-            problems.append("the comm hook counted no gradient bytes (did it run?)")
-        if script is not None and nodes > 1 and not report.wire_bytes_per_iteration > 0:
-            problems.append(
-                f"the script's ranks put {report.wire_bytes_per_iteration:.0f} bytes per step "
-                f"on the links (DDP models: {script.ddp_models}): its ranks do not exchange "
-                "gradients, so each trains a model of its own")
-        elif nodes > 1 and not report.wire_bytes_per_iteration > 0:
-            problems.append(
-                f"the links carried {report.wire_bytes_per_iteration:.0f} training bytes per "
-                f"iteration after subtracting {report.background_bytes_per_iteration:.0f} of "
-                "background: the link counters or the background accounting are broken")
-        if problems:
-            checks.append(Verdict(f"measured:{mode}", False, f"{mode}: " + "; ".join(problems)))
-    return checks
-
-
-BACKGROUND_MIN_ON_S = 0.05  # a flow scheduled on for less may fairly have sent nothing
-
-
-def background_checks(flows, background: BackgroundBytes,
-                      results: dict[str, ModeResult]) -> list[Verdict]:
-    """Did every flow send within each mode's measured window when its schedule was on? A
-    flow that sent nothing there left the mode uncontended, and 0 background bytes would read
-    as a measurement."""
-    if not flows:
-        return []
-    if len(background.senders) != len(flows):
-        return [Verdict("background", False, f"{len(flows)} flows but {len(background.senders)} "
-                                             "senders reported their counters")]
-    checks = []
-    for mode, result in results.items():
-        window = _measured_window(result)
-        if window is None:
-            continue
-        notes, silent = [], False
-        for index, (flow, series) in enumerate(zip(flows, background.senders, strict=True)):
-            on_s = scheduled_on_s(flow, window[1] - window[0])
-            sent = BackgroundBytes((series,)).between(*window)
-            name = f"flow {index} ({flow.source} -> {flow.destination})"
-            if on_s >= BACKGROUND_MIN_ON_S and not sent > 0:
-                silent = True
-                notes.append(f"{name} was scheduled on for {on_s:.2f} s but sent nothing")
-            else:
-                notes.append(f"{name} sent {sent / 1e6:.1f} MB in {on_s:.2f} s scheduled on")
-        checks.append(Verdict(f"background:{mode}", not silent,
-                              f"in {mode}'s measured window: " + "; ".join(notes)))
-    return checks
-
-
 def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: Path,
                         ifname: str = NODE_IFNAME) -> bool:
     """NCCL's log of one launch: did it join the nodes via NET/Socket on eth0 (on a real host,
@@ -515,212 +380,6 @@ def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: 
                           f"would not measure it: {report.transport.summary()} (rank logs in "
                           f"{launch_out / 'logs'})")
     return report.transport.ok
-
-
-def wire_ratio_checks(modes: dict[str, ModeReport]) -> list[Verdict]:
-    """Does each mode put on the wire what its wire dtype promises, relative to fp32?"""
-    checks = []
-    reference = REFERENCE_MODE
-    for mode in modes:
-        if mode == reference or mode not in MODES:
-            continue
-        expected = wire_ratio(mode, reference)
-        # One node sends nothing over the network: no ratio to check.
-        if reference in modes and modes[reference].wire_bytes_per_iteration:
-            ratio = (modes[mode].wire_bytes_per_iteration
-                     / modes[reference].wire_bytes_per_iteration)
-            ok = abs(ratio - expected) <= WIRE_RATIO_TOLERANCE
-            checks.append(Verdict(
-                f"wire-bytes:{mode}/{reference}", ok,
-                f"{mode} put {ratio:.3f} x {reference}'s bytes on the wire per iteration "
-                f"(expected {expected:.2f} +- {WIRE_RATIO_TOLERANCE})"))
-    return checks
-
-
-def crossing_checks(scenario: Scenario, modes: dict[str, ModeReport]) -> list[Verdict]:
-    """Per mode: did its all-reduces cross the shaped links, as many bytes as they should?
-    (verdicts.crossing). Nothing to check with one node: no link carries the collectives."""
-    topology = scenario.topology
-    if topology.nodes < 2:
-        return []
-    checks = []
-    for name, mode in modes.items():
-        result = mode.result
-        expectation = expected_cross_node(result.backend, topology.nodes,
-                                          topology.ranks_per_node,
-                                          result.sent_bytes_per_iteration, scenario.link.mtu)
-        verdict = CrossingVerdict(name, expectation, mode.wire_bytes_per_iteration)
-        checks.append(Verdict(f"crossed:{name}", verdict.passed, verdict.detail))
-    return checks
-
-
-def _link_marks(result: ModeResult) -> list[tuple[dict[str, float], dict[str, float]]]:
-    """(start, end) link counters of every node: local rank 0 of each reads its node's."""
-    nodes = result.world_size // max(result.local_world_size, 1)
-    leaders = [rank for rank in result.ranks if rank.local_rank == 0]
-    missing = [rank.rank for rank in leaders if not rank.link_marks]
-    if missing or len(leaders) != nodes:
-        raise WorkloadError(
-            f"mode {result.mode}: {len(leaders) - len(missing)} of {nodes} nodes reported their "
-            f"link counters (ranks {missing} did not): their bytes would count as zero")
-    marks = []
-    for rank in leaders:
-        assert rank.link_marks is not None
-        if len(rank.link_marks) != 2:
-            raise WorkloadError(f"mode {result.mode}: rank {rank.rank} reported "
-                                f"{len(rank.link_marks)} link marks, not start and end")
-        start, end = rank.link_marks
-        if end["sent_bytes"] < start["sent_bytes"] or end["monotonic_s"] < start["monotonic_s"]:
-            raise WorkloadError(f"mode {result.mode}: rank {rank.rank}'s link counters went "
-                                f"backwards ({start} -> {end})")
-        marks.append((start, end))
-    return marks
-
-
-def _measured_window(result: ModeResult) -> tuple[float, float] | None:
-    """(start, end) CLOCK_MONOTONIC of the mode's measured iterations, from the link marks."""
-    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
-    if not marks:
-        return None
-    return (min(m[0]["monotonic_s"] for m in marks), max(m[-1]["monotonic_s"] for m in marks))
-
-
-def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
-    """(all bytes the nodes sent, background's share) within the mode's measured window."""
-    marks = _link_marks(result)
-    total = sum(end["sent_bytes"] - start["sent_bytes"] for start, end in marks)
-    begin = min(start["monotonic_s"] for start, _ in marks)
-    finish = max(end["monotonic_s"] for _, end in marks)
-    return total, background.between(begin, finish)
-
-
-def _probe_results(out: Path, dtypes: Sequence[str]) -> tuple[dict[str, float], list]:
-    """Each dtype's median bus bandwidth from one probe attempt, and the attempt's results
-    as read; a missing file, dtype or
-    timing is an error, never a bandwidth (a zero duration would read as infinitely fast)."""
-    try:
-        results = read_probe(out)
-    except (OSError, ValueError) as exc:
-        raise WorkloadError(f"the all-reduce probe left no readable result in {out}: {exc}") \
-            from None
-    by_dtype: dict[str, float] = {}
-    for result in results:
-        if not result.seconds or not all(0 < s < math.inf for s in result.seconds):
-            raise WorkloadError(f"the all-reduce probe timed {result.dtype} as {result.seconds} "
-                                "s: no usable measurement")
-        by_dtype[result.dtype] = summarize(busbw_samples(result)).median
-    if missing := [dtype for dtype in dtypes if dtype not in by_dtype]:
-        raise WorkloadError(f"the all-reduce probe reported nothing for {', '.join(missing)} "
-                            f"(asked {', '.join(dtypes)})")
-    return by_dtype, results
-
-
-def _check_background_followed(result: ModeResult, background: BackgroundBytes) -> None:
-    """Every background sender must have followed this mode's measured window; else the
-    background bytes are not a measurement of it (0 would pass for "no traffic")."""
-    marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
-    begin = min(start["monotonic_s"] for start, _ in marks)
-    finish = max(end["monotonic_s"] for _, end in marks)
-    missed = background.missed_window(result.mode, begin, finish)
-    if missed:
-        raise WorkloadError(f"mode {result.mode}: background traffic did not run in its measured "
-                            f"window: {'; '.join(missed)}")
-
-
-class _ProbeAttempts:
-    """The all-reduce probe's attempts and their verdict: attempt after attempt until one
-    reaches fidelity.min_fraction or none are left. `workload`: with the backend resolved."""
-
-    def __init__(self, scenario: Scenario, workload, attempts: int | None = None):
-        size = min(max(workload.params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
-        # A script's wire dtype is its own business: the probe times float32.
-        self.dtypes = (["float32"] if workload.is_script else
-                       list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes)))
-        self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes})
-        _, goodput = slowest_link_goodput(scenario)
-        world = scenario.topology.nodes * scenario.topology.ranks_per_node
-        self.fidelity = CollectiveFidelity(size, world, [], goodput,
-                                           scenario.fidelity.min_fraction)
-        self.limit = attempts or scenario.fidelity.attempts
-        # Generous: every dtype's timed all-reduces (and warm-up) at 20x the ideal ring time.
-        ideal = ring_allreduce_lower_bound(size, world, goodput)
-        self.attempt_timeout_s = 20 * ideal * len(self.dtypes) * (
-            self.probe.warmup + self.probe.iterations)
-        self.name = scenario.name
-
-    def judge(self, attempt_out: Path) -> bool:
-        """Read one attempt's results into the fidelity; True once no attempt is to follow
-        (this one reached min_fraction, or went over the cap, or it was the last)."""
-        by_dtype, results = _probe_results(attempt_out, self.dtypes)
-        fidelity = self.fidelity
-        fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
-                                   if r.host_load), None)
-        fidelity.dtype_bps.append(by_dtype)
-        fidelity.attempts_bps.append(min(by_dtype.values()))
-        # More attempts cannot undo an overshoot.
-        reached = fidelity.fraction >= fidelity.min_fraction
-        return reached or len(fidelity.attempts_bps) >= self.limit
-
-    def retrying(self) -> str:
-        return (f"{self.name}: all-reduce probe attempt {len(self.fidelity.attempts_bps) + 1} of "
-                f"{self.limit} (so far {self.fidelity.fraction:.0%} of the link)")
-
-
-def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
-                      timeout_s: float | None, progress: Progress,
-                      watchdog: Callable[[], None] | None = None, *, workload=None,
-                      attempts: int | None = None) -> CollectiveFidelity:
-    """The probe in launches of its own, one per attempt (where the launcher cannot hold the
-    training back while the harness judges it: multi-host, and NCCL, whose transport is read
-    from the probe launch's finished logs). `workload`: with the backend resolved (default:
-    the scenario's)."""
-    workload = workload or scenario.workload
-    assert workload is not None  # only a training scenario is probed
-    probing = _ProbeAttempts(scenario, workload, attempts)
-    spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
-    for attempt in range(probing.limit):
-        if attempt:
-            progress(probing.retrying())
-        attempt_out = out / f"attempt{attempt}"
-        launcher(spec, attempt_out, timeout_s or 90 + probing.attempt_timeout_s,
-                 watchdog=watchdog)
-        if probing.judge(attempt_out):
-            break
-    return probing.fidelity
-
-
-class _ProbeRefused(Exception):
-    """Raised from the launch's watchdog: the host cannot drive the links; the launch ends."""
-
-
-class _ProbeGate:
-    """The probe inside the training launch (RankSpec.probe_gated), one start-up instead of two:
-    called with the launch's watchdog, it judges each attempt as its results appear and tells
-    the ranks to probe again or to train, or ends the launch (_ProbeRefused) when the host
-    cannot drive the links and the run may not go on untrusted."""
-
-    def __init__(self, probing: _ProbeAttempts, launch_out: Path, allow_untrusted: bool,
-                 progress: Progress, on_train: Callable[[], None]):
-        self.probing, self.launch_out = probing, launch_out
-        self.allow_untrusted, self.progress, self.on_train = allow_untrusted, progress, on_train
-        self.decided = False
-
-    def __call__(self) -> None:
-        if self.decided:
-            return
-        # the next attempt to judge: one per attempt judged so far
-        folder = attempt_dir(self.launch_out, len(self.probing.fidelity.attempts_bps))
-        if not (folder / PROBE_RESULT_FILE).exists():
-            return
-        if not self.probing.judge(folder):
-            self.progress(self.probing.retrying())
-            give_verdict(folder, AGAIN)
-            return
-        self.decided = True
-        if not (self.probing.fidelity.trusted or self.allow_untrusted):
-            raise _ProbeRefused(self.probing.fidelity.reason)
-        self.on_train()
-        give_verdict(folder, TRAIN)
 
 
 def _training_timeout(scenario: Scenario, workload, link_bps: float,

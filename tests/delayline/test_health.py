@@ -23,7 +23,7 @@ from netsim_ddp.fabric.delayline.health import (
     late_bound_s,
 )
 from netsim_ddp.fabric.errors import FabricError
-from netsim_ddp.run import runner
+from netsim_ddp.verdicts import run_checks
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 
 
@@ -86,7 +86,7 @@ def test_runner_fails_a_run_whose_line_reordered_without_jitter() -> None:
     monitor = SimpleNamespace(snapshots=[
         {"monotonic_ns": 0}, counters(2.0, 5000), counters(4.0, 9000, reordered=2)])
     final = {"n0": {**counters(5, 9000, reordered=2), "jitter_us": 0.0, "late_p99_us": 80}}
-    checks = runner.delay_line_checks({"n0": monitor}, final,
+    checks = run_checks.delay_line_checks({"n0": monitor}, final,
                                       {"fp32": _mode_result(2.1, 3.9)}, multi_node=True)
     assert [(check.name, check.passed) for check in checks] == [
         ("delay-line:fp32", False), ("delay-line", False)]
@@ -130,7 +130,7 @@ def test_runner_judges_each_mode_and_the_whole_run() -> None:
     monitor = SimpleNamespace(snapshots=[
         {"monotonic_ns": 0}, counters(2.0, 5000), counters(4.0, 9000, dropped_queue_full=30)])
     final = {"n0": {**counters(5, 9000, dropped_queue_full=30), "late_p99_us": 80}}
-    checks = runner.delay_line_checks(
+    checks = run_checks.delay_line_checks(
         {"n0": monitor}, final, {"fp32": _mode_result(0.5, 1.9), "amp": _mode_result(2.1, 3.9)},
         multi_node=True)
     by_name = {check.name: check for check in checks}
@@ -139,7 +139,7 @@ def test_runner_judges_each_mode_and_the_whole_run() -> None:
     assert not by_name["delay-line:amp"].passed
     assert "dropped 30 of 4000 frames unasked (queue_full 30" in by_name["delay-line:amp"].detail
     assert not by_name["delay-line"].passed and "late p99 80 us" in by_name["delay-line"].detail
-    assert runner.delay_line_checks({}, {}, {"fp32": _mode_result(0, 1)}, True) == []
+    assert run_checks.delay_line_checks({}, {}, {"fp32": _mode_result(0, 1)}, True) == []
 
 
 # -- a forwarder that dies -------------------------------------------------------------------

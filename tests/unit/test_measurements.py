@@ -21,9 +21,11 @@ from netsim_ddp.fabric.background import (
     assemble,
     scheduled_on_s,
 )
+from netsim_ddp.measure import wire
 from netsim_ddp.measure.mode_report import ModeReport
-from netsim_ddp.run import runner
+from netsim_ddp.run import probing
 from netsim_ddp.scenario.spec import BackgroundFlow
+from netsim_ddp.verdicts import run_checks
 from netsim_ddp.workload import WorkloadError
 from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
 from netsim_ddp.workload.ranks.collective import AllreduceResult
@@ -54,7 +56,7 @@ def result(ranks: list[RankSamples], local_world_size: int = 1, sent: int = 800)
 
 def test_window_bytes_sum_every_nodes_link() -> None:
     two = result([rank(0, 0, marks(1, 2, 5000)), rank(1, 0, marks(1.1, 2.1, 7000))])
-    total, background = runner._window_bytes(two, BackgroundBytes())
+    total, background = wire._window_bytes(two, BackgroundBytes())
     assert total == 12_000 and background == 0
 
 
@@ -63,20 +65,20 @@ def test_a_node_without_link_marks_is_an_error_not_zero_bytes() -> None:
     one_missing = result([rank(0, 0, marks(1, 2, 5000)), rank(1, 0, None)])
     with pytest.raises(WorkloadError,
                        match=r"1 of 2 nodes reported their link counters \(ranks \[1\] did not"):
-        runner._window_bytes(one_missing, BackgroundBytes())
+        wire._window_bytes(one_missing, BackgroundBytes())
 
 
 def test_only_local_rank_zero_marks_and_all_nodes_count() -> None:
     # 2 nodes x 2 ranks: the second node's leader is rank 2; rank 3 never marks.
     ranks = [rank(0, 0, marks(1, 2, 10)), rank(1, 1), rank(2, 0, None), rank(3, 1)]
     with pytest.raises(WorkloadError, match=r"ranks \[2\] did not"):
-        runner._window_bytes(result(ranks, local_world_size=2), BackgroundBytes())
+        wire._window_bytes(result(ranks, local_world_size=2), BackgroundBytes())
 
 
 def test_link_counters_that_go_backwards_are_an_error() -> None:
     backwards = result([rank(0, 0, marks(1, 2, -10))])
     with pytest.raises(WorkloadError, match="went backwards"):
-        runner._window_bytes(backwards, BackgroundBytes())
+        wire._window_bytes(backwards, BackgroundBytes())
 
 
 # -- hook and wire bytes ---------------------------------------------------------------------
@@ -84,16 +86,16 @@ def test_link_counters_that_go_backwards_are_an_error() -> None:
 def test_zero_hook_or_wire_bytes_fail_a_check() -> None:
     """Before, a zero reference made the wire-ratio check vanish and the run passed."""
     report = ModeReport(result([rank(0, 0), rank(1, 0)], sent=0), 0.0, 5e5, 1e9)
-    (check,) = runner.measurement_checks({"fp32": report}, nodes=2)
+    (check,) = run_checks.measurement_checks({"fp32": report}, nodes=2)
     assert not check.passed and check.name == "measured:fp32"
     assert "comm hook counted no gradient bytes" in check.detail
     assert "links carried 0 training bytes per iteration after subtracting 500000" in check.detail
-    assert runner.wire_ratio_checks({"fp32": report}) == []  # which is why this check exists
+    assert run_checks.wire_ratio_checks({"fp32": report}) == []  # which is why this check exists
 
 
 def test_one_node_may_put_nothing_on_the_wire() -> None:
     report = ModeReport(result([rank(0, 0), rank(1, 1)], 2), 0.0, 0.0, 1e9)
-    assert runner.measurement_checks({"fp32": report}, nodes=1) == []
+    assert run_checks.measurement_checks({"fp32": report}, nodes=1) == []
 
 
 # -- the all-reduce probe --------------------------------------------------------------------
@@ -103,7 +105,7 @@ def probe_results(monkeypatch, results) -> None:
         if isinstance(results, Exception):
             raise results
         return results
-    monkeypatch.setattr(runner, "read_probe", read)
+    monkeypatch.setattr(probing, "read_probe", read)
 
 
 def timed(dtype: str, seconds: list[float]) -> AllreduceResult:
@@ -112,7 +114,7 @@ def timed(dtype: str, seconds: list[float]) -> AllreduceResult:
 
 def test_probe_results_give_each_dtypes_bandwidth(monkeypatch, tmp_path) -> None:
     probe_results(monkeypatch, [timed("float32", [0.1, 0.1]), timed("float16", [0.1])])
-    by_dtype, _ = runner._probe_results(tmp_path, ["float32", "float16"])
+    by_dtype, _ = probing._probe_results(tmp_path, ["float32", "float16"])
     assert by_dtype["float32"] == pytest.approx((8 << 20) * 8 / 0.1)
 
 
@@ -121,20 +123,20 @@ def test_probe_timing_that_measured_nothing_is_an_error(monkeypatch, tmp_path, s
     """Before, a zero duration became an infinite bus bandwidth: a trusted host."""
     probe_results(monkeypatch, [timed("float32", seconds)])
     with pytest.raises(WorkloadError, match="no usable measurement"):
-        runner._probe_results(tmp_path, ["float32"])
+        probing._probe_results(tmp_path, ["float32"])
 
 
 def test_probe_missing_a_dtype_is_an_error(monkeypatch, tmp_path) -> None:
     """Before, the probe was judged by the dtypes it reported, not those the modes send."""
     probe_results(monkeypatch, [timed("float32", [0.1])])
     with pytest.raises(WorkloadError, match="reported nothing for float16"):
-        runner._probe_results(tmp_path, ["float32", "float16"])
+        probing._probe_results(tmp_path, ["float32", "float16"])
 
 
 def test_probe_without_a_result_file_is_an_error(monkeypatch, tmp_path) -> None:
     probe_results(monkeypatch, FileNotFoundError("allreduce.json"))
     with pytest.raises(WorkloadError, match="no readable result"):
-        runner._probe_results(tmp_path, ["float32"])
+        probing._probe_results(tmp_path, ["float32"])
 
 
 # -- background flows' ends ------------------------------------------------------------------
@@ -267,7 +269,7 @@ def test_a_flow_silent_in_a_window_it_was_scheduled_on_fails() -> None:
     sender = ((0.0, 0), (1.0, 0), (2.0, 5_000_000), (3.0, 5_000_000), (4.0, 5_000_000))
     sink = ((0.0, 0), (4.0, 100))
     background = BackgroundBytes((sender, sink))
-    checks = runner.background_checks(_flows(0.0), background, _modes((1.0, 2.0), (3.0, 4.0)))
+    checks = run_checks.background_checks(_flows(0.0), background, _modes((1.0, 2.0), (3.0, 4.0)))
     fp32, amp = checks
     assert fp32.passed and "flow 0 (n0 -> n1) sent 5.0 MB in 0.40 s scheduled on" in fp32.detail
     assert not amp.passed and amp.name == "background:amp"
@@ -276,11 +278,11 @@ def test_a_flow_silent_in_a_window_it_was_scheduled_on_fails() -> None:
 
 def test_a_flow_not_yet_on_may_send_nothing() -> None:
     background = BackgroundBytes((((0.0, 0), (9.0, 0)), ((0.0, 0), (9.0, 0))))
-    (check,) = runner.background_checks(_flows(5.0), background, _modes((1.0, 2.0)))
+    (check,) = run_checks.background_checks(_flows(5.0), background, _modes((1.0, 2.0)))
     assert check.passed
 
 
 def test_flows_without_their_senders_counters_fail() -> None:
-    (check,) = runner.background_checks(_flows(0.0, 0.0), BackgroundBytes(((), ())),
+    (check,) = run_checks.background_checks(_flows(0.0, 0.0), BackgroundBytes(((), ())),
                                         _modes((1.0, 2.0)))
     assert not check.passed and "2 flows but 1 senders" in check.detail

@@ -10,7 +10,7 @@ from netsim_ddp import Scenario
 from netsim_ddp.common.metrics import bus_bandwidth
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.run import runner
+from netsim_ddp.run import probing, runner
 from netsim_ddp.workload.ranks.collective import VERDICT_FILE, AllreduceResult
 
 SIZE = 8 * 2**20
@@ -47,7 +47,7 @@ def canned(monkeypatch):
         results = iter([result("float32", f)] + ([result("float16", float16[i])] if float16 else [])
                        for i, f in enumerate(fractions))
         monkeypatch.setattr(runner, "launch", lambda *args, **kwargs: launched.append(args))
-        monkeypatch.setattr(runner, "read_probe", lambda out: next(results))
+        monkeypatch.setattr(probing, "read_probe", lambda out: next(results))
         return launched
 
     return install
@@ -58,7 +58,7 @@ def probe(sc, tmp_path, messages=None):
         return runner.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
 
     progress = (messages.append if messages is not None else lambda message: None)
-    return runner._probe_collective(on_two_nodes, sc, tmp_path, None,
+    return probing._probe_collective(on_two_nodes, sc, tmp_path, None,
                                     progress)
 
 
@@ -148,16 +148,16 @@ def test_a_probe_faster_than_the_link_is_refused_as_traffic_that_went_around_it(
 
 
 def gate_for(sc, tmp_path, messages, trained):
-    probing = runner._ProbeAttempts(sc, sc.workload)
-    return runner._ProbeGate(probing, tmp_path, allow_untrusted=False,
-                             progress=messages.append, on_train=lambda: trained.append(True))
+    attempts = probing._ProbeAttempts(sc, sc.workload)
+    return probing._ProbeGate(attempts, tmp_path, allow_untrusted=False,
+                              progress=messages.append, on_train=lambda: trained.append(True))
 
 
 def attempt_finished(tmp_path, attempt):
     """What rank 0 leaves when an attempt is done (its results; read_probe is canned)."""
-    folder = runner.attempt_dir(tmp_path, attempt)
+    folder = probing.attempt_dir(tmp_path, attempt)
     folder.mkdir(parents=True)
-    (folder / runner.PROBE_RESULT_FILE).write_text("[]")
+    (folder / probing.PROBE_RESULT_FILE).write_text("[]")
     return folder
 
 
@@ -171,14 +171,14 @@ def test_the_probe_inside_the_training_launch_is_judged_attempt_by_attempt(canne
     assert not list(tmp_path.iterdir()) and not trained
     first = attempt_finished(tmp_path, 0)
     gate()
-    assert (first / VERDICT_FILE).read_text() == runner.AGAIN and not trained
+    assert (first / VERDICT_FILE).read_text() == probing.AGAIN and not trained
     assert messages == ["probe: all-reduce probe attempt 2 of 3 (so far 70% of the link)"]
     second = attempt_finished(tmp_path, 1)
     gate()
-    assert (second / VERDICT_FILE).read_text() == runner.TRAIN and trained == [True]
+    assert (second / VERDICT_FILE).read_text() == probing.TRAIN and trained == [True]
     assert gate.probing.fidelity.trusted and gate.probing.fidelity.fraction == pytest.approx(0.97)
     gate()  # decided: later calls change nothing
-    assert trained == [True] and not runner.attempt_dir(tmp_path, 2).exists()
+    assert trained == [True] and not probing.attempt_dir(tmp_path, 2).exists()
 
 
 def test_a_gated_probe_that_falls_short_ends_the_launch_without_a_verdict(canned, tmp_path):
@@ -186,6 +186,6 @@ def test_a_gated_probe_that_falls_short_ends_the_launch_without_a_verdict(canned
     trained = []
     gate = gate_for(scenario(attempts=1), tmp_path, [], trained)
     folder = attempt_finished(tmp_path, 0)
-    with pytest.raises(runner._ProbeRefused, match="cannot move the workload's traffic"):
+    with pytest.raises(probing._ProbeRefused, match="cannot move the workload's traffic"):
         gate()
     assert not (folder / VERDICT_FILE).exists() and not trained
