@@ -72,6 +72,7 @@ from netsim_ddp.hostfacts.gpus import GpuInventory
 from netsim_ddp.hostfacts.nccl import rank_log_lines
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.run.runner import finish_report, probe_and_train
+from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
@@ -483,29 +484,14 @@ class HostAgent:
         report = ScenarioReport(options.scenario, run_id=self.job, placement=self.placement)
         phases = iter(range(1_000_000))
 
-        def launcher(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
-                     env: Mapping[str, str] | None = None,
-                     watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-            # No watchdog to call: each agent watches its own background ends (_run_phase).
-            # Paths travel relative to each agent's --out (rank 0 may be on any host).
-            portable = {key: value.replace(str(options.out_dir), OUT_MARK)
-                        for key, value in (env or {}).items()}
-            phase = Phase(next(phases), str(Path(out_dir).relative_to(options.out_dir)),
-                          spec.model_dump_json(), timeout_s, profile, portable)
-            control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
-            self._run_phase(control, phase)
-            return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
-
-        def traffic(signals: Path) -> _HostsTraffic:
-            return _HostsTraffic(self, control, phases, signals)
-
+        site = _HostsSite(self, control, phases, RunOptions(
+            options.out_dir, allow_untrusted=options.allow_untrusted,
+            timeout_s=options.timeout_s, progress=self.progress))
+        site.transport_ifname = ",".join(sorted({hello["nic"]
+                                                 for hello in control.hellos.values()}))
         try:
-            trained = probe_and_train(options.scenario, workload, report, options.out_dir,
-                                      launcher, profile=False,
-                                      allow_untrusted=options.allow_untrusted,
-                                      timeout_s=options.timeout_s, progress=self.progress,
-                                      traffic=traffic, transport_ifname=",".join(sorted(
-                                          {hello["nic"] for hello in control.hellos.values()})))
+            trained = probe_and_train(
+                options.scenario.model_copy(update={"workload": workload}), site, report)
             if trained is not None:
                 finish_report(report, *trained)
         except WorkloadError as exc:
@@ -714,6 +700,32 @@ class HostAgent:
         reason = f"{control.describe(rank)}: its ranks failed first:\n{report}"
         control.abort(reason)
         control.raise_if_aborted()
+
+
+class _HostsSite(Site):
+    """The nodes live on real hosts, one agent each: every launch is a phase that each agent
+    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic)."""
+
+    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
+                 options: RunOptions):
+        super().__init__(options)
+        self.agent, self.control, self.phases = agent, control, phases
+
+    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+               env: Mapping[str, str] | None = None,
+               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+        # No watchdog to call: each agent watches its own background ends (_run_phase).
+        # Paths travel relative to each agent's --out (rank 0 may be on any host).
+        out = self.options.out
+        portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
+        phase = Phase(next(self.phases), str(Path(out_dir).relative_to(out)),
+                      spec.model_dump_json(), timeout_s, profile, portable)
+        self.control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
+        self.agent._run_phase(self.control, phase)
+        return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+
+    def traffic(self, signals: Path) -> _HostsTraffic:
+        return _HostsTraffic(self.agent, self.control, self.phases, signals)
 
 
 class _HostsTraffic(contextlib.AbstractContextManager):

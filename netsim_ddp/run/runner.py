@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
@@ -35,7 +34,7 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
 from netsim_ddp.run.probing import _probe_collective, _ProbeAttempts, _ProbeGate, _ProbeRefused
-from netsim_ddp.run.site import Launcher, Progress
+from netsim_ddp.run.site import Progress, RunOptions, Site
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
@@ -200,61 +199,64 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         if on_built is not None:
             on_built(fabric)
         placement = report.placement or place(workload, scenario.topology)
-        node_env = placement.node_env(fabric.run_id, [node.name for node in fabric.nodes])
-
-        def on_fabric(spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
-                      env: Mapping[str, str] | None = None,
-                      watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-            if spec.workload.is_script and spec.selected_modes():
-                return launch_script(
-                    fabric.nodes, spec.workload, out_dir, timeout_s,
-                    ranks_per_node=scenario.topology.ranks_per_node,
-                    base_dir=scenario.path.parent if scenario.path else None, env=env,
-                    watchdog=watchdog, node_env=node_env, runs=spec.selected_modes())
-            return launch(fabric.nodes, spec, out_dir, timeout_s,
-                          ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
-                          env=env, watchdog=watchdog, node_env=node_env)
-
-        plan = fabric.plan
-        assert plan is not None  # the fabric is built inside this block
-        return probe_and_train(
-            scenario, workload, report, out, on_fabric, profile=profile,
-            allow_untrusted=allow_untrusted, timeout_s=timeout_s, progress=progress,
-            traffic=lambda signals: BackgroundTraffic(fabric, scenario.background,
-                                                      signals=signals),
-            watch=lambda traffic: watchdog(fabric, traffic),
-            scheduler=lambda schedule, signals: LinkScheduler(plan.nodes, plan.switch_netns,
-                                                              schedule, signals),
-            gated_probe=True, dilation=dilation)
+        site = EmulatedSite(fabric, scenario, placement.node_env(
+            fabric.run_id, [node.name for node in fabric.nodes]), RunOptions(
+                out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+                progress=progress))
+        return probe_and_train(scenario.model_copy(update={"workload": workload}), site, report)
 
 
-class _NoTraffic(contextlib.AbstractContextManager):
-    def __exit__(self, *_exc) -> None:
-        return None
+class EmulatedSite(Site):
+    """The nodes live in the fabric's namespaces on this host: torchrun in each, background
+    flows between them, [[link.schedule]] on their links, the probe gated in the training
+    launch."""
 
-    def stop(self) -> BackgroundBytes:
-        return BackgroundBytes()
+    gated_probe = True
 
-    def check(self) -> None:
-        return None
+    def __init__(self, fabric: Fabric, scenario: Scenario, node_env: list[dict[str, str]],
+                 options: RunOptions):
+        super().__init__(options)
+        self.fabric, self.scenario, self.node_env = fabric, scenario, node_env
+
+    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+               env: Mapping[str, str] | None = None,
+               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+        scenario, fabric = self.scenario, self.fabric
+        if spec.workload.is_script and spec.selected_modes():
+            return launch_script(
+                fabric.nodes, spec.workload, out_dir, timeout_s,
+                ranks_per_node=scenario.topology.ranks_per_node,
+                base_dir=scenario.path.parent if scenario.path else None, env=env,
+                watchdog=watchdog, node_env=self.node_env, runs=spec.selected_modes())
+        return launch(fabric.nodes, spec, out_dir, timeout_s,
+                      ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
+                      env=env, watchdog=watchdog, node_env=self.node_env)
+
+    def traffic(self, signals: Path) -> BackgroundTraffic:
+        return BackgroundTraffic(self.fabric, self.scenario.background, signals=signals)
+
+    def watch(self, traffic: BackgroundTraffic | None) -> Callable[[], None] | None:
+        return watchdog(self.fabric, traffic)
+
+    def scheduler(self, schedule, signals: Path) -> LinkScheduler | None:
+        plan = self.fabric.plan
+        assert plan is not None  # the fabric is built while the site is used
+        return LinkScheduler(plan.nodes, plan.switch_netns, schedule, signals)
 
 
-def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: Path,
-                    launcher: Launcher, *, profile: bool, allow_untrusted: bool,
-                    timeout_s: float | None, progress: Progress,
-                    traffic: Callable[[Path], Any] = lambda signals: _NoTraffic(),
-                    watch: Callable[[Any], Callable[[], None] | None] = lambda traffic: None,
-                    scheduler: Callable[[Any, Path], LinkScheduler] | None = None,
-                    gated_probe: bool = False, transport_ifname: str = NODE_IFNAME,
-                    dilation: float = 1.0,
+def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
                     ) -> tuple[dict[str, ModeResult], BackgroundBytes] | None:
-    """The probe, then every mode, through `launcher`. None if the probe refused.
+    """The probe, then every mode, on `site`'s nodes. None if the probe refused.
 
-    `traffic` starts the background flows, `watch` turns them (None while probing) into the
-    launch's watchdog, `scheduler` applies [[link.schedule]] (None: the launcher cannot).
-    `gated_probe`: the launcher's ranks may run the probe and wait for its verdict in the
-    training launch itself (_ProbeGate); else the probe gets launches of its own.
-    `transport_ifname`: the NIC(s) NCCL must use between nodes (comma-separated)."""
+    `scenario`: what the site's hosts run (a scale model's dilated one), its workload resolved
+    (iterations, backend, profile path); the run's folder and options are the site's, its
+    dilation the report's."""
+    workload = scenario.workload
+    assert workload is not None  # only a training scenario is trained
+    options = site.options
+    out, progress, allow_untrusted = options.out, options.progress, options.allow_untrusted
+    profile, timeout_s, dilation = options.profile, options.timeout_s, report.dilation
+    transport_ifname = site.transport_ifname
     link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
     probing: _ProbeAttempts | None = None
@@ -263,11 +265,11 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
         # A script's launches are its own: the probe gets a launch of its own before them.
-        if gated_probe and not nccl and not workload.is_script:
+        if site.gated_probe and not nccl and not workload.is_script:
             probing = _ProbeAttempts(scenario, workload)
         else:
-            fidelity = _probe_collective(launcher, scenario, out / "probe", timeout_s,
-                                         progress, watch(None), workload=workload,
+            fidelity = _probe_collective(site.launch, scenario, out / "probe", timeout_s,
+                                         progress, site.watch(None), workload=workload,
                                          attempts=None if scenario.fidelity.enabled else 1)
             if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0",
                                                 transport_ifname):
@@ -298,17 +300,17 @@ def probe_and_train(scenario: Scenario, workload, report: ScenarioReport, out: P
     if workload.is_script:
         progress(f"{scenario.name}: each run of the script may take {timeout_s:.0f} s (--timeout)")
     schedule = plan_schedule(scenario)
-    if schedule and scheduler is None:
+    report.link_schedule = site.scheduler(schedule, signals) if schedule else None
+    if schedule and report.link_schedule is None:
         raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
                             "launcher; remove it or run the scenario with `netsim-ddp run`")
-    report.link_schedule = scheduler(schedule, signals) if schedule and scheduler else None
     try:
-        with traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
+        with site.traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
             gate = (_ProbeGate(probing, out / "train", allow_untrusted, progress, on_train)
                     if probing else None)
-            results = launcher(spec, out / "train", timeout_s, profile=profile,
+            results = site.launch(spec, out / "train", timeout_s, profile=profile,
                                env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
-                               watchdog=_chained(gate, watch(flows)))
+                               watchdog=_chained(gate, site.watch(flows)))
             report.host_load = CpuLoad.between(before, CpuTimes.read())
             background = flows.stop()
     except _ProbeRefused:
