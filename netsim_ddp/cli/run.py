@@ -210,7 +210,8 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     import secrets
 
     from netsim_ddp.fabric import FabricError
-    from netsim_ddp.run.host_agent import HostConfigError, HostError, HostOptions, run_host
+    from netsim_ddp.run.host_agent import run_host
+    from netsim_ddp.run.host_options import HostConfigError, HostError, HostOptions
     from netsim_ddp.run.runner import run_folder
     from netsim_ddp.run.session import NetsimSession, SessionOptionError
     from netsim_ddp.verdicts.scenario_report import ScenarioReport

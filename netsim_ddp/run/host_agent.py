@@ -32,30 +32,23 @@ kills by the job marker in its environment.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from netsim_ddp.common.clock import CLOCK_OFFSET_ENV, estimate_offset
-from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
+from netsim_ddp.common.clock import CLOCK_OFFSET_ENV
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.background import (
-    BackgroundBytes,
     BackgroundError,
     BackgroundTraffic,
-    EndReport,
-    assemble,
 )
 from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.netns import libc
@@ -68,15 +61,28 @@ from netsim_ddp.fabric.nic import (
     inspect_nic,
 )
 from netsim_ddp.fabric.own_link import NIC_ENV
-from netsim_ddp.hostfacts.gpus import GpuInventory
 from netsim_ddp.hostfacts.nccl import rank_log_lines
-from netsim_ddp.hostfacts.placement import Placement, place
+from netsim_ddp.hostfacts.placement import Placement
+from netsim_ddp.run.host_control import (
+    HEARTBEAT_S,
+    POLL_S,
+    PREFIX,
+    Control,
+    _rank_of,
+    _says,
+)
+from netsim_ddp.run.host_options import (
+    HostError,
+    HostOptions,
+    host_placement,
+    validate,
+)
+from netsim_ddp.run.host_site import OUT_MARK, Phase, _HostsSite
 from netsim_ddp.run.runner import finish_report, probe_and_train
-from netsim_ddp.run.site import RunOptions, Site
-from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
+from netsim_ddp.workload import RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import (
     agent_module,
     c10d_rendezvous,
@@ -85,245 +91,13 @@ from netsim_ddp.workload.launcher.launch import (
     looks_like_echo,
     rank_env,
     rank_errors,
-    read_results,
     torchrun_argv,
 )
 from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 
-PREFIX = "netsim-ddp/"
-POLL_S = 0.2
-HEARTBEAT_S = 1.0
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1
-OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
-CLOCK_ROUNDS = 8
 Progress = Callable[[str], None]
-
-
-class HostError(WorkloadError):
-    """The multi-host job cannot go on; the message names the host that failed or is missing."""
-
-
-class HostConfigError(HostError):
-    """Refused before anything changed: the scenario and the options disagree."""
-
-
-@dataclass(frozen=True)
-class HostOptions:
-    scenario: Scenario
-    node_rank: int
-    nnodes: int
-    master_addr: str
-    master_port: int
-    nic: str
-    out_dir: Path
-    iterations: int | None = None
-    timeout_s: float | None = None
-    join_timeout_s: float = JOIN_TIMEOUT_S
-    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
-    allow_untrusted: bool = False
-    ingress: bool = True
-
-    @property
-    def reply_timeout_s(self) -> float:
-        """How long node 0 waits for every host's word on a phase: a few heartbeat timeouts."""
-        return 4 * self.heartbeat_timeout_s
-
-    @property
-    def node_name(self) -> str:
-        return self.scenario.topology.node_names[self.node_rank]
-
-    def digest(self) -> str:
-        """What every host must agree on: the scenario and the options that change the run."""
-        text = json.dumps([self.scenario.model_dump(mode="json"), self.nnodes, self.iterations,
-                           self.allow_untrusted], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def validate(options: HostOptions) -> None:
-    """Everything that can be refused before anything on the host changes."""
-    scenario, where = options.scenario, options.scenario.path or options.scenario.name
-    if scenario.topology.nodes != options.nnodes:
-        raise HostConfigError(
-            f"{where}: topology.nodes is {scenario.topology.nodes} but --nnodes is "
-            f"{options.nnodes}: one host per node; start {scenario.topology.nodes} agents, or "
-            "change topology.nodes")
-    if not 0 <= options.node_rank < options.nnodes:
-        raise HostConfigError(f"--node-rank {options.node_rank} is outside 0..{options.nnodes - 1}")
-    if scenario.workload is None:
-        raise HostConfigError(f"{where}: workload: required to run training; add a [workload] "
-                        "section (see README)")
-    if scenario.sweep is not None:
-        raise HostConfigError(f"{where}: sweep: sweeps run on one host only (`netsim-ddp run`)")
-    if scenario.emulation.dilation != 1:
-        raise HostConfigError(f"{where}: emulation.dilation: a time-dilated scale model runs on "
-                              "one host (`netsim-ddp run`); real hosts' NICs run in real time: "
-                              "remove it (compute replay alone works here)")
-    if scenario.link.schedule:
-        raise HostConfigError(f"{where}: link.schedule: links that change mid-run need the "
-                              "harness's own switch; run the scenario with `netsim-ddp run`")
-
-
-class Control:
-    """The job's control channel: c10d's TCPStore, hosted by node 0's agent."""
-
-    def __init__(self, options: HostOptions, names: list[str]):
-        from torch.distributed import TCPStore
-
-        self.options = options
-        self.names = names
-        self.endpoint = f"{options.master_addr}:{options.master_port}"
-        try:
-            self.store = TCPStore(options.master_addr, options.master_port,
-                                  is_master=options.node_rank == 0,
-                                  timeout=timedelta(seconds=options.join_timeout_s),
-                                  wait_for_workers=False)
-        except (RuntimeError, ValueError) as exc:  # DistStoreError and kin
-            if options.node_rank == 0:
-                raise HostError(f"node 0 cannot listen on {self.endpoint}: {exc}") from None
-            raise HostError(f"node 0 ({names[0]}) never arrived: no netsim-ddp host agent "
-                            f"answered at {self.endpoint} within {options.join_timeout_s:g} s"
-                            ) from None
-        self.hellos: dict[int, dict[str, Any]] = {}
-        self._beats: dict[int, tuple[int, float]] = {}
-        self._stop = threading.Event()
-        self._beater: threading.Thread | None = None
-
-    # -- the store, with errors that say what went wrong -------------------------------------
-
-    def _call(self, what: str, fn, *args):
-        try:
-            return fn(*args)
-        except (RuntimeError, ValueError) as exc:
-            raise HostError(f"lost contact with node 0 ({self.names[0]}) at {self.endpoint} "
-                            f"while {what}: its agent exited or the network failed ({exc})"
-                            ) from None
-
-    def set(self, key: str, value: str | bytes) -> None:
-        self._call(f"writing {key}", self.store.set, PREFIX + key, value)
-
-    def get(self, key: str) -> bytes:
-        return self._call(f"reading {key}", self.store.get, PREFIX + key)
-
-    def has(self, key: str) -> bool:
-        return bool(self._call(f"reading {key}", self.store.check, [PREFIX + key]))
-
-    def get_json(self, key: str) -> Any:
-        return json.loads(self.get(key))
-
-    def describe(self, rank: int) -> str:
-        hello = self.hellos.get(rank)
-        host = f" (host {hello['hostname']}, {hello['address']})" if hello else ""
-        return f"node {self.names[rank]}{host}"
-
-    # -- failure ------------------------------------------------------------------------------
-
-    def abort(self, reason: str) -> None:
-        """Tell every agent to stop; the first reason posted is the one they all report."""
-        entry = json.dumps({"node_rank": self.options.node_rank, "reason": reason})
-        with contextlib.suppress(HostError, RuntimeError, ValueError):
-            self.store.compare_set(PREFIX + "abort", "", entry)
-
-    def raise_if_aborted(self) -> None:
-        if self.has("abort"):
-            entry = self.get_json("abort")
-            if entry["node_rank"] != self.options.node_rank:
-                raise HostError(f"{self.describe(entry['node_rank'])} failed: {entry['reason']}")
-            raise HostError(entry["reason"])
-
-    def start_heartbeat(self) -> None:
-        def beat() -> None:
-            from torch.distributed import TCPStore
-
-            with contextlib.suppress(RuntimeError, ValueError):
-                store = TCPStore(self.options.master_addr, self.options.master_port,
-                                 is_master=False, timeout=timedelta(seconds=30))
-                while not self._stop.wait(HEARTBEAT_S):
-                    store.add(f"{PREFIX}beat/{self.options.node_rank}", 1)
-
-        self._beater = threading.Thread(target=beat, name="netsim-ddp-heartbeat", daemon=True)
-        self._beater.start()
-
-    def silent(self) -> list[int]:
-        """Nodes whose heartbeat has not moved for --heartbeat-timeout: gone."""
-        now, gone = time.monotonic(), []
-        for rank in self.hellos:
-            if rank == self.options.node_rank:
-                continue
-            count = int(self._call("reading heartbeats", self.store.add,
-                                   f"{PREFIX}beat/{rank}", 0))
-            last = self._beats.get(rank)
-            if last is None or count != last[0]:
-                self._beats[rank] = (count, now)
-            elif now - last[1] > self.options.heartbeat_timeout_s:
-                gone.append(rank)
-        return gone
-
-    def check_heartbeats(self) -> None:
-        """A host whose heartbeat stopped is gone: abort naming it."""
-        gone = self.silent()
-        if gone:
-            reason = (f"{self.describe(gone[0])} stopped answering for "
-                      f"{self.options.heartbeat_timeout_s:g} s: its agent died or its host went "
-                      "away")
-            self.abort(reason)
-            raise HostError(reason)
-
-    def wait_for(self, keys: list[str], timeout_s: float | None, what: Callable[[list[str]], str],
-                 watch: bool = True) -> None:
-        """Until every key exists; watching for an abort and for silent hosts meanwhile."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            missing = [key for key in keys if not self.has(key)]
-            if not missing:
-                return
-            if watch:
-                self.raise_if_aborted()
-                self.check_heartbeats()
-            if deadline is not None and time.monotonic() > deadline:
-                raise HostError(what(missing))
-            time.sleep(POLL_S)
-
-    # -- one clock for the job ---------------------------------------------------------------
-
-    def serve_clock(self) -> None:
-        """Node 0: answer every other node's clock requests (store.wait wakes at once)."""
-        for rank in range(1, self.options.nnodes):
-            for round_ in range(CLOCK_ROUNDS):
-                key = f"clock/{rank}/{round_}"
-                self._call(f"waiting for {self.describe(rank)}'s clock request",
-                           self.store.wait, [f"{PREFIX}{key}/ask"],
-                           timedelta(seconds=self.options.join_timeout_s))
-                self.set(f"{key}/answer", repr(time.monotonic()))
-
-    def offset_to_node0(self) -> tuple[float, float]:
-        """Other nodes: (seconds to add to this host's CLOCK_MONOTONIC to get node 0's, the
-        error bound)."""
-        rounds = iter(range(CLOCK_ROUNDS))
-
-        def exchange() -> float:
-            key = f"clock/{self.options.node_rank}/{next(rounds)}"
-            self.set(f"{key}/ask", "")
-            self._call("waiting for node 0's clock", self.store.wait,
-                       [f"{PREFIX}{key}/answer"], timedelta(seconds=self.options.join_timeout_s))
-            return float(self.get(f"{key}/answer"))
-
-        return estimate_offset(exchange, CLOCK_ROUNDS)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._beater is not None:
-            self._beater.join(timeout=5)
-
-
-@dataclass
-class Phase:
-    index: int
-    path: str  # under each agent's --out
-    spec: str  # RankSpec JSON
-    timeout_s: float
-    profile: bool
-    env: dict[str, str]
 
 
 class HostAgent:
@@ -700,104 +474,6 @@ class HostAgent:
         reason = f"{control.describe(rank)}: its ranks failed first:\n{report}"
         control.abort(reason)
         control.raise_if_aborted()
-
-
-class _HostsSite(Site):
-    """The nodes live on real hosts, one agent each: every launch is a phase that each agent
-    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic)."""
-
-    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
-                 options: RunOptions):
-        super().__init__(options)
-        self.agent, self.control, self.phases = agent, control, phases
-
-    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
-               env: Mapping[str, str] | None = None,
-               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-        # No watchdog to call: each agent watches its own background ends (_run_phase).
-        # Paths travel relative to each agent's --out (rank 0 may be on any host).
-        out = self.options.out
-        portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
-        phase = Phase(next(self.phases), str(Path(out_dir).relative_to(out)),
-                      spec.model_dump_json(), timeout_s, profile, portable)
-        self.control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
-        self.agent._run_phase(self.control, phase)
-        return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
-
-    def traffic(self, signals: Path) -> _HostsTraffic:
-        return _HostsTraffic(self.agent, self.control, self.phases, signals)
-
-
-class _HostsTraffic(contextlib.AbstractContextManager):
-    """Node 0's handle on the background flows of every host, as runner.probe_and_train
-    uses BackgroundTraffic on one host: started before the training phase, stopped after it
-    with every end's byte series assembled into one BackgroundBytes."""
-
-    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
-                 signals: Path):
-        self.agent, self.control, self.phases = agent, control, phases
-        self.portable = str(signals).replace(str(agent.options.out_dir), OUT_MARK)
-
-    def _phase(self, message: dict[str, Any]) -> int:
-        index = next(self.phases)
-        self.control.set(f"phase/{index}", json.dumps(message))
-        self.agent._background_phase(self.control, index, message)
-        return index
-
-    def __enter__(self) -> _HostsTraffic:
-        self._phase({"background": "start", "signals": self.portable})
-        return self
-
-    def __exit__(self, *_exc) -> None:
-        self.agent._stop_traffic()  # only left running when the run failed: no account
-
-    def check(self) -> None:
-        """Nothing to do here: each agent watches its own ends while its ranks run."""
-
-    def stop(self) -> BackgroundBytes:
-        control, nnodes = self.control, self.agent.options.nnodes
-        index = self._phase({"background": "stop-senders"})  # everywhere, before any sink
-        control.wait_for([f"background/{index}/senders-stopped/{rank}" for rank in range(nnodes)],
-                         self.agent.options.reply_timeout_s, lambda missing: ", ".join(
-            control.describe(_rank_of(key)) for key in missing)
-            + " did not stop its background senders")
-        index = self._phase({"background": "stop"})
-        keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
-        control.wait_for(keys, self.agent.options.reply_timeout_s, lambda missing: ", ".join(
-            control.describe(_rank_of(key)) for key in missing)
-            + " did not report its background flows")
-        ends, errors = [], []
-        for rank, key in enumerate(keys):
-            reported = control.get_json(key)
-            if reported["error"]:
-                errors.append(f"{control.describe(rank)}: {reported['error']}")
-            ends += [EndReport.from_dict(end) for end in reported["ends"]]
-        if errors:
-            raise BackgroundError("; ".join(errors))
-        return assemble(ends)
-
-
-def host_placement(options: HostOptions, inventory: GpuInventory | None = None,
-                   environ: Mapping[str, str] | None = None) -> Placement:
-    """This host's backend and GPUs for its one node (its ranks_per_node ranks), as `run`
-    decides them for a whole fabric; HostConfigError where this host cannot run it as asked
-    (no GPUs for 'nccl', users' NCCL_* settings that would take the traffic off --nic)."""
-    workload = options.scenario.workload
-    assert workload is not None  # validated
-    one_node = options.scenario.topology.model_copy(update={"nodes": 1, "names": None})
-    placement = place(workload, one_node, inventory, environ)
-    if placement.refused:
-        raise HostConfigError(f"{options.scenario.path or options.scenario.name}: "
-                              f"{placement.describe()}")
-    return placement
-
-
-def _says(message: str) -> Callable[[list[str]], str]:
-    return lambda _missing: message
-
-
-def _rank_of(key: str) -> int:
-    return int(key.rsplit("/", 1)[1])
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,184 @@
+"""The host agents' control channel: c10d's TCPStore hosted by node 0's agent (hellos,
+heartbeats, the first abort, waiting for every host)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from netsim_ddp.common.clock import estimate_offset
+from netsim_ddp.run.host_options import HostError, HostOptions
+
+CLOCK_ROUNDS = 8
+PREFIX = "netsim-ddp/"
+
+
+POLL_S = 0.2
+
+
+HEARTBEAT_S = 1.0
+
+
+class Control:
+    """The job's control channel: c10d's TCPStore, hosted by node 0's agent."""
+
+    def __init__(self, options: HostOptions, names: list[str]):
+        from torch.distributed import TCPStore
+
+        self.options = options
+        self.names = names
+        self.endpoint = f"{options.master_addr}:{options.master_port}"
+        try:
+            self.store = TCPStore(options.master_addr, options.master_port,
+                                  is_master=options.node_rank == 0,
+                                  timeout=timedelta(seconds=options.join_timeout_s),
+                                  wait_for_workers=False)
+        except (RuntimeError, ValueError) as exc:  # DistStoreError and kin
+            if options.node_rank == 0:
+                raise HostError(f"node 0 cannot listen on {self.endpoint}: {exc}") from None
+            raise HostError(f"node 0 ({names[0]}) never arrived: no netsim-ddp host agent "
+                            f"answered at {self.endpoint} within {options.join_timeout_s:g} s"
+                            ) from None
+        self.hellos: dict[int, dict[str, Any]] = {}
+        self._beats: dict[int, tuple[int, float]] = {}
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    # -- the store, with errors that say what went wrong -------------------------------------
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except (RuntimeError, ValueError) as exc:
+            raise HostError(f"lost contact with node 0 ({self.names[0]}) at {self.endpoint} "
+                            f"while {what}: its agent exited or the network failed ({exc})"
+                            ) from None
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._call(f"writing {key}", self.store.set, PREFIX + key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._call(f"reading {key}", self.store.get, PREFIX + key)
+
+    def has(self, key: str) -> bool:
+        return bool(self._call(f"reading {key}", self.store.check, [PREFIX + key]))
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get(key))
+
+    def describe(self, rank: int) -> str:
+        hello = self.hellos.get(rank)
+        host = f" (host {hello['hostname']}, {hello['address']})" if hello else ""
+        return f"node {self.names[rank]}{host}"
+
+    # -- failure ------------------------------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Tell every agent to stop; the first reason posted is the one they all report."""
+        entry = json.dumps({"node_rank": self.options.node_rank, "reason": reason})
+        with contextlib.suppress(HostError, RuntimeError, ValueError):
+            self.store.compare_set(PREFIX + "abort", "", entry)
+
+    def raise_if_aborted(self) -> None:
+        if self.has("abort"):
+            entry = self.get_json("abort")
+            if entry["node_rank"] != self.options.node_rank:
+                raise HostError(f"{self.describe(entry['node_rank'])} failed: {entry['reason']}")
+            raise HostError(entry["reason"])
+
+    def start_heartbeat(self) -> None:
+        def beat() -> None:
+            from torch.distributed import TCPStore
+
+            with contextlib.suppress(RuntimeError, ValueError):
+                store = TCPStore(self.options.master_addr, self.options.master_port,
+                                 is_master=False, timeout=timedelta(seconds=30))
+                while not self._stop.wait(HEARTBEAT_S):
+                    store.add(f"{PREFIX}beat/{self.options.node_rank}", 1)
+
+        self._beater = threading.Thread(target=beat, name="netsim-ddp-heartbeat", daemon=True)
+        self._beater.start()
+
+    def silent(self) -> list[int]:
+        """Nodes whose heartbeat has not moved for --heartbeat-timeout: gone."""
+        now, gone = time.monotonic(), []
+        for rank in self.hellos:
+            if rank == self.options.node_rank:
+                continue
+            count = int(self._call("reading heartbeats", self.store.add,
+                                   f"{PREFIX}beat/{rank}", 0))
+            last = self._beats.get(rank)
+            if last is None or count != last[0]:
+                self._beats[rank] = (count, now)
+            elif now - last[1] > self.options.heartbeat_timeout_s:
+                gone.append(rank)
+        return gone
+
+    def check_heartbeats(self) -> None:
+        """A host whose heartbeat stopped is gone: abort naming it."""
+        gone = self.silent()
+        if gone:
+            reason = (f"{self.describe(gone[0])} stopped answering for "
+                      f"{self.options.heartbeat_timeout_s:g} s: its agent died or its host went "
+                      "away")
+            self.abort(reason)
+            raise HostError(reason)
+
+    def wait_for(self, keys: list[str], timeout_s: float | None, what: Callable[[list[str]], str],
+                 watch: bool = True) -> None:
+        """Until every key exists; watching for an abort and for silent hosts meanwhile."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            missing = [key for key in keys if not self.has(key)]
+            if not missing:
+                return
+            if watch:
+                self.raise_if_aborted()
+                self.check_heartbeats()
+            if deadline is not None and time.monotonic() > deadline:
+                raise HostError(what(missing))
+            time.sleep(POLL_S)
+
+    # -- one clock for the job ---------------------------------------------------------------
+
+    def serve_clock(self) -> None:
+        """Node 0: answer every other node's clock requests (store.wait wakes at once)."""
+        for rank in range(1, self.options.nnodes):
+            for round_ in range(CLOCK_ROUNDS):
+                key = f"clock/{rank}/{round_}"
+                self._call(f"waiting for {self.describe(rank)}'s clock request",
+                           self.store.wait, [f"{PREFIX}{key}/ask"],
+                           timedelta(seconds=self.options.join_timeout_s))
+                self.set(f"{key}/answer", repr(time.monotonic()))
+
+    def offset_to_node0(self) -> tuple[float, float]:
+        """Other nodes: (seconds to add to this host's CLOCK_MONOTONIC to get node 0's, the
+        error bound)."""
+        rounds = iter(range(CLOCK_ROUNDS))
+
+        def exchange() -> float:
+            key = f"clock/{self.options.node_rank}/{next(rounds)}"
+            self.set(f"{key}/ask", "")
+            self._call("waiting for node 0's clock", self.store.wait,
+                       [f"{PREFIX}{key}/answer"], timedelta(seconds=self.options.join_timeout_s))
+            return float(self.get(f"{key}/answer"))
+
+        return estimate_offset(exchange, CLOCK_ROUNDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=5)
+
+
+def _says(message: str) -> Callable[[list[str]], str]:
+    return lambda _missing: message
+
+
+def _rank_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1])

@@ -1,0 +1,112 @@
+"""Real hosts as a site (run/site.py): each launch a phase every agent runs as its torchrun,
+background flows as phases too."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from netsim_ddp.fabric.background import (
+    BackgroundBytes,
+    BackgroundError,
+    EndReport,
+    assemble,
+)
+from netsim_ddp.run.host_control import Control, _rank_of
+from netsim_ddp.run.site import RunOptions, Site
+from netsim_ddp.workload import ModeResult, RankSpec
+from netsim_ddp.workload.launcher.launch import read_results
+
+if TYPE_CHECKING:  # the agent drives its site; the site runs the agent's phases
+    from netsim_ddp.run.host_agent import HostAgent
+
+OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
+
+
+@dataclass
+class Phase:
+    index: int
+    path: str  # under each agent's --out
+    spec: str  # RankSpec JSON
+    timeout_s: float
+    profile: bool
+    env: dict[str, str]
+
+
+class _HostsSite(Site):
+    """The nodes live on real hosts, one agent each: every launch is a phase that each agent
+    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic)."""
+
+    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
+                 options: RunOptions):
+        super().__init__(options)
+        self.agent, self.control, self.phases = agent, control, phases
+
+    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+               env: Mapping[str, str] | None = None,
+               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+        # No watchdog to call: each agent watches its own background ends (_run_phase).
+        # Paths travel relative to each agent's --out (rank 0 may be on any host).
+        out = self.options.out
+        portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
+        phase = Phase(next(self.phases), str(Path(out_dir).relative_to(out)),
+                      spec.model_dump_json(), timeout_s, profile, portable)
+        self.control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
+        self.agent._run_phase(self.control, phase)
+        return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+
+    def traffic(self, signals: Path) -> _HostsTraffic:
+        return _HostsTraffic(self.agent, self.control, self.phases, signals)
+
+
+class _HostsTraffic(contextlib.AbstractContextManager):
+    """Node 0's handle on the background flows of every host, as runner.probe_and_train
+    uses BackgroundTraffic on one host: started before the training phase, stopped after it
+    with every end's byte series assembled into one BackgroundBytes."""
+
+    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
+                 signals: Path):
+        self.agent, self.control, self.phases = agent, control, phases
+        self.portable = str(signals).replace(str(agent.options.out_dir), OUT_MARK)
+
+    def _phase(self, message: dict[str, Any]) -> int:
+        index = next(self.phases)
+        self.control.set(f"phase/{index}", json.dumps(message))
+        self.agent._background_phase(self.control, index, message)
+        return index
+
+    def __enter__(self) -> _HostsTraffic:
+        self._phase({"background": "start", "signals": self.portable})
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.agent._stop_traffic()  # only left running when the run failed: no account
+
+    def check(self) -> None:
+        """Nothing to do here: each agent watches its own ends while its ranks run."""
+
+    def stop(self) -> BackgroundBytes:
+        control, nnodes = self.control, self.agent.options.nnodes
+        index = self._phase({"background": "stop-senders"})  # everywhere, before any sink
+        control.wait_for([f"background/{index}/senders-stopped/{rank}" for rank in range(nnodes)],
+                         self.agent.options.reply_timeout_s, lambda missing: ", ".join(
+            control.describe(_rank_of(key)) for key in missing)
+            + " did not stop its background senders")
+        index = self._phase({"background": "stop"})
+        keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
+        control.wait_for(keys, self.agent.options.reply_timeout_s, lambda missing: ", ".join(
+            control.describe(_rank_of(key)) for key in missing)
+            + " did not report its background flows")
+        ends, errors = [], []
+        for rank, key in enumerate(keys):
+            reported = control.get_json(key)
+            if reported["error"]:
+                errors.append(f"{control.describe(rank)}: {reported['error']}")
+            ends += [EndReport.from_dict(end) for end in reported["ends"]]
+        if errors:
+            raise BackgroundError("; ".join(errors))
+        return assemble(ends)
