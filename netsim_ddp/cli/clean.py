@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -13,6 +14,9 @@ from netsim_ddp.cli.app import (
     main,
     out,
 )
+
+if TYPE_CHECKING:  # the fabric is imported when a command runs, not at start-up
+    from netsim_ddp.fabric.nic_cleanup import NicCleanup
 
 
 @main.command()
@@ -26,7 +30,7 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
     from netsim_ddp.fabric.stale import clean_stale_runs
 
     if forget_nic is not None:
-        if not _clean_nics(dry_run, forget_nic):
+        if not _clean_nics(dry_run, forget_nic).nics:
             out.print(f"no record of a killed agent names {escape(forget_nic)}")
         return
     report = clean_stale_runs(dry_run=dry_run)
@@ -44,41 +48,23 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
         out.print(f"root's killed runs left {len(report.root_litter)} namespaces "
                   f"({', '.join(report.root_litter)}): run `sudo netsim-ddp clean` to remove them")
     nics = _clean_nics(dry_run)
-    orphans = _clean_orphan_nic_locks(dry_run)
-    if not (report.removed or report.killed_processes or report.removed_locks or nics
-            or orphans):
+    if not (report.removed or report.killed_processes or report.removed_locks or nics.nics
+            or nics.orphan_locks):
         out.print("nothing to clean")
-    if any(nic.left_changed for nic in nics):
+    if nics.left_changed:
         sys.exit(EXIT_FAILED)
 
 
-def _clean_orphan_nic_locks(dry_run: bool) -> list:
-    """Lock files of NIC records that are gone (root's: only root may remove them)."""
-    from netsim_ddp.fabric.nic import remove_orphan_locks
-    from netsim_ddp.fabric.privilege import host_root
+def _clean_nics(dry_run: bool, forget: str | None = None) -> NicCleanup:
+    """Say what cleaning up NICs (fabric.nic_cleanup) did, or would do."""
+    from netsim_ddp.fabric.nic_cleanup import clean_nics
 
-    if not host_root():
-        return []
-    orphans = remove_orphan_locks(dry_run=dry_run)
-    if orphans:
-        verb = "would remove" if dry_run else "removed"
-        out.print(f"{verb} {len(orphans)} lock files of NIC records that are gone")
-    return orphans
-
-
-def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
-    """Real NICs whose `netsim-ddp host` agent was killed: restored as recorded (or their
-    records forgotten)."""
-    from netsim_ddp.fabric.nic import recorded_nics, restore_stale_nics
-    from netsim_ddp.fabric.privilege import host_root
-
-    if not host_root():  # agents that shape NICs run as root: their state files are root's
-        if recorded := recorded_nics():
-            out.print(f"root's `host` agents recorded {len(recorded)} NICs: only root can tell "
-                      "whether an agent was killed and restore its NIC (`sudo netsim-ddp clean`)")
-        return []
-    found = restore_stale_nics(dry_run=dry_run, forget=forget)
-    for nic in found:
+    cleanup = clean_nics(dry_run=dry_run, forget=forget)
+    if cleanup.root_records:
+        out.print(f"root's `host` agents recorded {cleanup.root_records} NICs: only root can "
+                  "tell whether an agent was killed and restore its NIC (`sudo netsim-ddp "
+                  "clean`)")
+    for nic in cleanup.nics:
         where = f"{nic.ifname} (network namespace {nic.netns_inode}, agent pid {nic.pid})"
         line = {"restored": f"restored {where} as its agent recorded it"
                             + (f"; killed {nic.killed_processes} of its processes"
@@ -93,4 +79,7 @@ def _clean_nics(dry_run: bool, forget: str | None = None) -> list:
         else:
             err.print(f"[red]could not restore {escape(where)}[/]: {escape(str(nic.error))}",
                       soft_wrap=True)
-    return found
+    if cleanup.orphan_locks:
+        verb = "would remove" if dry_run else "removed"
+        out.print(f"{verb} {len(cleanup.orphan_locks)} lock files of NIC records that are gone")
+    return cleanup

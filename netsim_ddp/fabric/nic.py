@@ -40,8 +40,18 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from netsim_ddp.scenario.spec import EffectiveLink
 
-from . import naming, netns, privilege
-from .errors import FabricError
+from . import naming
+from .nic_checks import (
+    NicError,
+    NicInfo,
+    check_may_shape,
+    check_nic,
+    ifb_available,
+    inspect_nic,
+    netem_available_here,
+    privilege_problems,
+    qdisc_available_here,
+)
 from .nic_plan import (
     EGRESS_CHILD_HANDLE,
     EGRESS_HANDLE,
@@ -62,29 +72,25 @@ from .tc_tree import (
     rehearse,
     replay,
     root_filters,
-    scratch_ifb,
-    scratch_name,
     snapshot,
 )
 
 # The tree's record lives in tc_tree.py, the plan in nic_plan.py.
-__all__ = ["EGRESS_HANDLE", "NicSnapshot", "TcRecord", "egress_plan", "snapshot"]
+# The checks before shaping live in nic_checks.py (their names are handed on here); cleaning up
+# after killed agents in nic_cleanup.py.
+__all__ = ["EGRESS_HANDLE", "NicError", "NicInfo", "NicSnapshot", "TcRecord", "check_may_shape",
+           "check_nic", "egress_plan", "inspect_nic", "privilege_problems",
+           "qdisc_available_here", "snapshot"]
 
 STATE_VERSION = 2  # 2: the record names its namespace (cookie) and NIC (MAC) beyond the inode
 INGRESS_HANDLE = 0xFFFF0000
 FILTER_PRIO = 49152  # our redirect filter's priority on the ingress qdisc we add
 ETH_P_ALL = 0x0003
-IFF_UP = 0x1
-IFF_LOOPBACK = 0x8
 SO_NETNS_COOKIE = 71  # Linux >= 5.14: a namespace's id, never reused while the host is up
 STATE_PREFIX = "nic-"
 JOB_ENV = "NETSIM_DDP_HOST_JOB"  # marks every process an agent starts, for `clean`
 # Signals that must not cut a restore short (a scheduler's second SIGTERM, a second Ctrl-C).
 RESTORE_BLOCKS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
-
-
-class NicError(FabricError):
-    """This NIC cannot be shaped (or restored) as asked; the message says why and what to do."""
 
 
 class NicRestoreError(NicError):
@@ -95,70 +101,6 @@ _handle = describe_handle
 
 
 # -- the NIC itself --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NicInfo:
-    ifname: str
-    index: int
-    up: bool
-    loopback: bool
-    mtu: int
-    addresses: tuple[str, ...]  # IPv4
-    default_route: bool  # carries this namespace's IPv4 default route
-    mac: str | None = None
-    tx_queues: int = 1
-    txqlen: int = 1000
-
-
-def inspect_nic(ifname: str) -> NicInfo:
-    """What this namespace's NIC is; NicError if there is none by that name."""
-    with IPRoute() as ipr:
-        found = ipr.link_lookup(ifname=ifname)
-        if not found:
-            names = sorted(link.get_attr("IFLA_IFNAME") for link in ipr.get_links())
-            raise NicError(f"--nic {ifname}: no such interface on this host; it has "
-                           + ", ".join(names))
-        (link,) = ipr.get_links(found[0])
-        addresses = tuple(a.get_attr("IFA_ADDRESS")
-                          for a in ipr.get_addr(family=socket.AF_INET, index=found[0]))
-        default = any(route.get_attr("RTA_OIF") == found[0] and route["dst_len"] == 0
-                      for route in ipr.get_routes(family=socket.AF_INET, table=254))
-    return NicInfo(ifname=ifname, index=found[0], up=bool(link["flags"] & IFF_UP),
-                   loopback=bool(link["flags"] & IFF_LOOPBACK) or ifname == "lo",
-                   mtu=link.get_attr("IFLA_MTU"), addresses=addresses, default_route=default,
-                   mac=link.get_attr("IFLA_ADDRESS"),
-                   tx_queues=link.get_attr("IFLA_NUM_TX_QUEUES") or 1,
-                   txqlen=link.get_attr("IFLA_TXQLEN") or 0)
-
-
-def check_nic(info: NicInfo, peers_only: bool = False) -> list[str]:
-    """Refuse what cannot be a cluster NIC; return warnings for what should be looked at.
-    `peers_only`: only the job's traffic will be shaped (ShapedNic's peers)."""
-    if info.loopback:
-        raise NicError(f"--nic {info.ifname}: a loopback interface carries no traffic between "
-                       "hosts; name the NIC the hosts reach each other through")
-    if not info.up:
-        raise NicError(f"--nic {info.ifname}: the interface is down; bring it up or name "
-                       "the NIC the hosts reach each other through")
-    if not info.addresses:
-        raise NicError(f"--nic {info.ifname}: the interface has no IPv4 address, so the "
-                       "training cannot be pinned to it")
-    if info.default_route and not peers_only:
-        return [f"{info.ifname} carries this host's default route: everything the host sends "
-                "that way (ssh, storage, monitoring) is shaped too while the run lasts, and "
-                "counted in the wire bytes"]
-    return []
-
-
-def check_may_shape(ifname: str) -> None:
-    """Refuse, before any agent waits on us, a process that cannot shape this NIC and restore
-    it (privilege_problems)."""
-    problems = privilege_problems()
-    if problems:
-        raise NicError(f"--nic {ifname}: shaping this host's NIC needs root or "
-                       + " and ".join(problems) + "; a user namespace cannot give that for a "
-                       "real NIC: run the agent as root (sudo netsim-ddp host ...)")
 
 
 def netns_inode() -> int:
@@ -539,63 +481,6 @@ class ShapedNic:
                 "notes": self.notes}
 
 
-def qdisc_available_here(kind: str, **params: Any) -> bool:
-    """Does this kernel take a `kind` qdisc? Tried on a scratch veth pair in this very
-    namespace (the NIC's): CAP_NET_ADMIN there is all it needs, unlike a probe in a namespace
-    of its own (CAP_SYS_ADMIN), which a NET_ADMIN-only pod would fail and read as "no"."""
-    name = scratch_name("qp")
-    with IPRoute() as ipr:
-        try:
-            ipr.link("add", ifname=name, kind="veth", peer={"ifname": name + "p"})
-        except NetlinkError as exc:
-            raise NicError(f"cannot make a scratch veth to probe for {kind} ({exc}): "
-                           "netsim-ddp host needs CAP_NET_ADMIN in the NIC's namespace") from None
-        try:
-            (index,) = ipr.link_lookup(ifname=name)
-            ipr.tc("add", kind, index=index, handle=0x10000, **params)
-            return True
-        except NetlinkError:
-            return False
-        finally:
-            with contextlib.suppress(NetlinkError, IndexError):
-                ipr.link("del", index=ipr.link_lookup(ifname=name)[0])
-
-
-def netem_available_here() -> bool:
-    return qdisc_available_here("netem", delay=1000)
-
-
-def privilege_problems(effective_caps: int | None = None,
-                       record_dir: Path | None = None) -> list[str]:
-    """What keeps this process from shaping a NIC and restoring it (empty: nothing).
-    It needs CAP_NET_ADMIN in the NIC's network namespace (its qdiscs, an ifb and scratch
-    devices there) and the right to write the NIC's record where `netsim-ddp clean` looks for
-    it (/run/netsim-ddp: root). CAP_SYS_ADMIN is not needed: nothing is made outside the
-    NIC's namespace."""
-    net_admin = (privilege.has_net_admin() if effective_caps is None
-                 else bool(effective_caps >> privilege.CAP_NET_ADMIN & 1))
-    record_dir = naming.lock_dir() if record_dir is None else record_dir
-    problems = []
-    if not net_admin:
-        problems.append("CAP_NET_ADMIN in the NIC's network namespace (run as root, or give "
-                        "the container NET_ADMIN)")
-    existing = next(p for p in (record_dir, *record_dir.parents) if p.exists())
-    if not os.access(existing, os.W_OK):
-        problems.append(f"write access to {record_dir}, where each NIC's record is kept for "
-                        "`netsim-ddp clean` (run as root)")
-    return problems
-
-
-def ifb_available(ipr: IPRoute) -> bool:
-    """Try to make an ifb device of a name nobody else holds (and remove it): the only sure
-    test. A name another agent's probe or a leftover holds would read as "no ifb"."""
-    try:
-        with scratch_ifb(ipr, "probe"):
-            return True
-    except NetlinkError:
-        return False
-
-
 def _tbf_rate(ipr: IPRoute, index: int) -> float | None:
     for msg in ipr.get_qdiscs(index=index):
         if msg.get_attr("TCA_KIND") == "tbf":
@@ -606,157 +491,3 @@ def _tbf_rate(ipr: IPRoute, index: int) -> float | None:
 
 
 # -- `netsim-ddp clean` ----------------------------------------------------------------------
-
-
-@dataclass
-class RestoredNic:
-    ifname: str
-    netns_inode: int
-    pid: int
-    # restored; gone (its namespace or NIC is gone: record dropped); failed (see error: the
-    # NIC is left changed and its record kept); forgotten (--forget-nic); dry run: would-*
-    outcome: str
-    killed_processes: int = 0
-    error: str | None = None
-
-    @property
-    def left_changed(self) -> bool:
-        return self.outcome == "failed"
-
-
-def _netns_by_inode(inode: int) -> Path | None:
-    """A path that opens the namespace with this inode: ours, a named one, or init's."""
-    candidates = [Path("/proc/thread-self/ns/net"), Path("/proc/1/ns/net")]
-    candidates += [netns.path_of(name) for name in netns.list_names()]
-    for path in candidates:
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == inode:
-                return path
-    return None
-
-
-@contextlib.contextmanager
-def _entered(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDONLY)
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        netns._setns(fd, str(path))
-        try:
-            yield
-        finally:
-            netns._setns(home, "<home>")
-    finally:
-        os.close(fd)
-        os.close(home)
-
-
-def kill_job_processes(job: str, inode: int) -> int:
-    """SIGKILL what a dead agent started (torchrun, ranks): they carry JOB_ENV=job."""
-    marker = f"{JOB_ENV}={job}".encode()
-    killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if os.stat(f"/proc/{entry.name}/ns/net").st_ino != inode:
-                continue
-            environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in environ:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), 9)
-                killed += 1
-    return killed
-
-
-def recorded_nics() -> list[Path]:
-    """The state files of `host` agents' NICs, live or dead (root's: only root may restore)."""
-    return sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.json"))
-
-
-def remove_orphan_locks(dry_run: bool = False) -> list[Path]:
-    """Lock files whose NIC record is gone and that no agent holds (a record dropped or a test's
-    host removed while its lock file stayed): removed, so `/run/netsim-ddp` does not fill up."""
-    orphans = []
-    for lock in sorted(naming.lock_dir().glob(f"{STATE_PREFIX}*.lock")):
-        record = lock.with_suffix(".json")
-        if record.exists():
-            continue  # restore_stale_nics decides about it
-        fd = _lock(record, wait=False)
-        if fd is None:
-            continue  # an agent holds it: between taking its lock and writing its record
-        if dry_run:
-            os.close(fd)
-        else:
-            _unlock(record, fd)
-        orphans.append(lock)
-    return orphans
-
-
-def restore_stale_nics(dry_run: bool = False, forget: str | None = None) -> list[RestoredNic]:
-    """Restore every NIC whose agent is gone (its lock is free), as its state file says.
-    `forget`: drop the records of the NIC of that name instead, restoring nothing (after a
-    person put the NIC right by hand)."""
-    results = []
-    for path in recorded_nics():
-        fd = _lock(path, wait=False)
-        if fd is None:
-            continue  # a live agent
-        try:
-            found = _restore_stale(path, dry_run, forget)
-            if found is not None:
-                results.append(found)
-        finally:
-            if path.exists():
-                os.close(fd)
-            else:
-                _unlock(path, fd)
-    return results
-
-
-def _restore_stale(path: Path, dry_run: bool, forget: str | None) -> RestoredNic | None:
-    try:
-        state = NicState.read(path)
-    except (OSError, ValueError, KeyError, NicError) as exc:
-        if forget is not None and path.name.endswith(f"-{forget}.json"):
-            if not dry_run:
-                path.unlink()
-            return RestoredNic(forget, 0, 0, "would-forget" if dry_run else "forgotten")
-        return RestoredNic(path.name, 0, 0, "failed", error=f"{path}: unreadable: {exc}")
-    found = RestoredNic(state.ifname, state.netns_inode, state.pid, "failed")
-    if forget is not None:
-        if state.ifname != forget:
-            return None  # another NIC's: left as it is
-        found.outcome = "would-forget" if dry_run else "forgotten"
-        if not dry_run:
-            path.unlink()
-        return found
-    where = _netns_by_inode(state.netns_inode)
-    try:
-        if where is not None:
-            with _entered(where):
-                why = state.stranger()
-        else:
-            why = "its network namespace is gone"
-        if why is not None:
-            found.outcome, found.error = ("would-drop" if dry_run else "gone"), (
-                f"{why}, and with it what the agent changed: nothing to restore")
-            if not dry_run:
-                path.unlink()
-            return found
-        if dry_run:
-            found.outcome = "would-restore"
-            return found
-        assert where is not None
-        with _entered(where), _signals_held():
-            found.killed_processes = kill_job_processes(state.job, state.netns_inode)
-            with IPRoute() as ipr:
-                _restore(ipr, state)
-    except (NicError, NetlinkError, TreeError, OSError) as exc:
-        found.error = f"{exc} (record kept: {path}; once the NIC is right again, " \
-                      f"`netsim-ddp clean --forget-nic {state.ifname}` drops it)"
-        return found
-    path.unlink()
-    found.outcome = "restored"
-    return found
