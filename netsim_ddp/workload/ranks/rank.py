@@ -43,9 +43,9 @@ from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window
 from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
 from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
 from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches
-from netsim_ddp.workload.ranks.profiling import Profiler, trace_path
 from netsim_ddp.workload.ranks.replay import ReplayTrainer, build_replay, replay_batches
 from netsim_ddp.workload.ranks.timing import BucketTimer, register_timed
+from netsim_ddp.workload.ranks.torch_trace import Profiler, trace_path
 
 BATCH_POOL = 8  # distinct synthetic batches per rank, cycled; made before timing starts
 LEARNING_RATE = 1e-3
