@@ -379,7 +379,9 @@ class FitRecord(Record):
     identifiable: bool
 
 
-class HeldOutRecord(StepPointRecord):
+class HeldOutPointRecord(StepPointRecord):
+    """One point held out of the fit: the step time predicted without it, against measured."""
+
     predicted_s: float
     error: float
     measured_interval_s: list[float] | None = None
@@ -388,9 +390,11 @@ class HeldOutRecord(StepPointRecord):
     measured_efficiency: float | None = None
 
 
-class HoldoutRecord(Record):
+class HoldoutCheckRecord(Record):
+    """The hold-out check of a fit: every held-out point, the worst error, and its verdict."""
+
     fit: FitRecord
-    held_out: list[HeldOutRecord]
+    held_out: list[HeldOutPointRecord]
     errors_by_mode: dict[str, float] = Field(default_factory=dict)
     max_abs_error: float
     target: float
@@ -492,7 +496,7 @@ class SweepRecord(_Judged):
     config: dict[str, Any] = Field(default_factory=dict)
     points: list[SweepPointRecord]
     fit: FitRecord | None = None
-    holdout: HoldoutRecord | None = None
+    holdout: HoldoutCheckRecord | None = None
     projection: ProjectionRecord | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -662,8 +666,8 @@ def save(document: ResultsDocument, path: str | Path) -> Path:
 
 __all__ = [
     "LEGACY_VERSION", "SCHEMA_VERSION", "CalibrationRecord", "CheckRecord", "CpuInfo",
-    "CpuLoadRecord", "DocumentError", "FidelityRecord", "FitRecord", "HeldOutRecord",
-    "HoldoutRecord", "LinkBytesRecord", "LinkChangeRecord", "MachineInfo", "ModeRecord",
+    "CpuLoadRecord", "DocumentError", "FidelityRecord", "FitRecord", "HeldOutPointRecord",
+    "HoldoutCheckRecord", "LinkBytesRecord", "LinkChangeRecord", "MachineInfo", "ModeRecord",
     "NetworkRecord", "PlacementRecord", "PointModeRecord", "ProjectionRecord", "ProjectionRow",
     "Record", "ResultsDocument", "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries",
     "StepPointRecord", "StragglerRow", "StragglerSummary", "SummaryRecord", "SweepPointRecord",

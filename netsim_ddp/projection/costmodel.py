@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from netsim_ddp.common.metrics import median_interval, ring_factor
-from netsim_ddp.measure.document import FitRecord, HoldoutRecord, ProjectionRecord
+from netsim_ddp.measure.document import FitRecord, HoldoutCheckRecord, ProjectionRecord
 
 MIN_EFFICIENCY = 1e-3  # bounds of the fit; eff above 1 would beat the wire
 MAX_ALPHA_S = 10.0
@@ -260,8 +260,8 @@ class HoldoutResult:
                 worst[point.mode] = error
         return worst
 
-    def to_record(self) -> HoldoutRecord:
-        return HoldoutRecord.model_validate({
+    def to_record(self) -> HoldoutCheckRecord:
+        return HoldoutCheckRecord.model_validate({
             "fit": self.fit.to_record(),
             "held_out": [{**_point_dict(p), "predicted_s": pred, "error": err,
                           "measured_interval_s": list(interval), "missed": missed,

@@ -25,7 +25,7 @@ from netsim_ddp.measure.document import (
     CalibrationRecord,
     CostModelRecord,
     DocumentError,
-    HeldOutRecord,
+    HeldOutPointRecord,
     ModeRecord,
     ResultsDocument,
     ScenarioRecord,
@@ -514,7 +514,7 @@ def _calibration_table(doc: _Doc, calibration: CalibrationRecord) -> None:
                for r in calibration.sizes])
 
 
-def _measured_with_interval(held: HeldOutRecord) -> str:
+def _measured_with_interval(held: HeldOutPointRecord) -> str:
     text = f"{held.step_s * 1e3:.1f}" if held.step_s is not None else "-"
     if held.measured_interval_s:
         low, high = held.measured_interval_s

@@ -5,14 +5,14 @@ does not import torch (tests/unit/test_layers.py checks it).
 
 from netsim_ddp.precision.modes import MODES, Mode, get_mode, register_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
-from netsim_ddp.workload.launcher.launch import Node, WorkloadError, launch, torchrun_argv
+from netsim_ddp.workload.launcher.launch import LaunchNode, WorkloadError, launch, torchrun_argv
 from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, read_result
 
 __all__ = [
     "MODES",
     "Mode",
     "ModeResult",
-    "Node",
+    "LaunchNode",
     "RankSamples",
     "RankSpec",
     "WorkloadConfig",

@@ -39,7 +39,7 @@ TAIL_LINES = 40
 KILL_WAIT_S = 10.0
 
 
-class Node(Protocol):
+class LaunchNode(Protocol):
     """What launch needs of a node: fabric nodes run argv inside their network namespace."""
 
     @property
@@ -141,7 +141,7 @@ def rank_env(socket_ifname: str | None, extra: Mapping[str, str] | None = None) 
 
 
 def launch(
-    nodes: Sequence[Node],
+    nodes: Sequence[LaunchNode],
     spec: RankSpec,
     out_dir: Path | str,
     timeout_s: float,
@@ -196,7 +196,7 @@ def launch(
 
 
 def run_nodes(
-    nodes: Sequence[Node],
+    nodes: Sequence[LaunchNode],
     argvs: Sequence[Sequence[str]],
     logs: Path,
     child_env: Mapping[str, str],
@@ -277,7 +277,7 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def rank_errors(logs: Path, node: Node) -> list[tuple[int, str, Path]]:
+def rank_errors(logs: Path, node: LaunchNode) -> list[tuple[int, str, Path]]:
     """(timestamp, message, rank log dir) from the error files torchrun's @record writes."""
     found = []
     for path in (logs / node.name).rglob("error.json"):
@@ -296,7 +296,7 @@ def looks_like_echo(failure: str) -> bool:
     return any(echo in failure for echo in echoes)
 
 
-def failure_report(nodes: Sequence[Node], logs: Path, failed: Sequence[int]) -> str:
+def failure_report(nodes: Sequence[LaunchNode], logs: Path, failed: Sequence[int]) -> str:
     """Which rank failed first and the tail of its stderr; else every node's output.
 
     When one rank dies, ranks on other nodes fail soon after ("connection closed by peer"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload.launcher.launch import (
     AGENT_MODULE,
-    Node,
+    LaunchNode,
     WorkloadError,
     _tail,
     free_port,
@@ -55,7 +55,7 @@ def resolve_command(command: Sequence[str], base_dir: Path | None) -> list[str]:
 
 
 def launch_script(
-    nodes: Sequence[Node],
+    nodes: Sequence[LaunchNode],
     workload: WorkloadConfig,
     out_dir: Path | str,
     timeout_s: float,
@@ -118,7 +118,7 @@ def launch_script(
     return results
 
 
-def last_lines(nodes: Sequence[Node], logs: Path, files: str = "std*.log",
+def last_lines(nodes: Sequence[LaunchNode], logs: Path, files: str = "std*.log",
                lines: int = LAST_LINES) -> str:
     """Every rank's last lines of output (stdout, then stderr): where a hung script was."""
     parts = []
