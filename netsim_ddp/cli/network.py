@@ -6,7 +6,6 @@ import sys
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from netsim_ddp.cli.app import (
     EXIT_FAILED,
@@ -21,8 +20,15 @@ from netsim_ddp.cli.app import (
     main,
     out,
 )
+from netsim_ddp.report.command_tables import (
+    capability_table,
+    fidelity_rows,
+    fidelity_table,
+    plan_table,
+    rank_table,
+)
 from netsim_ddp.scenario.spec import Scenario
-from netsim_ddp.scenario.units import format_duration, format_rate, format_size
+from netsim_ddp.scenario.units import format_rate
 
 
 @main.command(cls=NetworkCommand)
@@ -36,34 +42,7 @@ def check(json_out: str | None) -> None:
     caps = probe_capabilities()
     torch_info = torch_status()
     gpus = probe_gpus()
-    table = Table(title="netsim-ddp check", show_header=True)
-    table.add_column("capability")
-    table.add_column("status")
-    table.add_column("used for")
-    rows = [
-        ("privilege", caps.privilege, "root, or rootless through a user namespace"),
-        ("network namespaces", caps.namespaces, "one per emulated node"),
-        ("veth", caps.veth, "node NICs"),
-        ("bridge", caps.bridge, "the switch"),
-        ("tbf qdisc", caps.tbf, "rate limits"),
-        ("htb qdisc", caps.htb, "(optional) class-based shaping"),
-        ("netem qdisc", caps.netem, "delay, jitter, loss (in the kernel)"),
-        ("delay line", caps.delay_line, "delay, jitter, loss where netem is missing"),
-        ("ifb", caps.ifb, "(optional) ingress shaping"),
-        ("clsact", caps.clsact, "(optional) classifiers"),
-        ("torch", torch_info["torch"] or False, "DDP workloads"),
-        ("gloo", torch_info["gloo"], "CPU collectives"),
-        ("GPUs", gpus.count if gpus.count else False,
-         ", ".join(gpus.names) or "ranks on GPUs (backend nccl)"),
-        ("NCCL", gpus.nccl or False, "GPU collectives"),
-        ("NCCL path", gpus.nccl_usable and caps.can_build,
-         "NCCL over the emulated links" if gpus.nccl_usable and caps.can_build
-         else f"not here: {gpus.missing or 'no emulated network can be built'}"),
-    ]
-    for name, status, use in rows:
-        shown = ("[green]yes[/]" if status is True else "[red]no[/]" if status is False
-                 else str(status))
-        table.add_row(name, shown, use)
+    table = capability_table(caps, torch_info, gpus)
     _human(json_out).print(table)
     if caps.error:
         err.print(f"[red]{escape(caps.error)}[/]")
@@ -119,17 +98,7 @@ def plan(file: str, gpus: int | None) -> None:
                                   impaired and probe_capabilities().netem)
     except FabricError as exc:
         _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
-    table = Table(title=f"{scenario.name}: switch {fabric_plan.bridge}, MTU {fabric_plan.mtu}"
-                  + ("" if scenario.topology.subnet else " (subnet drawn per run)"))
-    for column in ("node", "address", "rate", "delay", "jitter", "loss", "queue", "egress qdiscs",
-                   "delay by"):
-        table.add_column(column)
-    for node in fabric_plan.nodes:
-        link = node.link
-        table.add_row(node.name, node.address, format_rate(link.rate),
-                      format_duration(link.delay), format_duration(link.jitter), f"{link.loss:g}%",
-                      format_size(link.queue_limit_bytes),
-                      " > ".join(q.kind for q in node.egress), node.delay_backend or "-")
+    table = plan_table(scenario, fabric_plan)
     out.print(table)
     if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
         sys.exit(EXIT_FAILED)
@@ -153,15 +122,7 @@ def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
             out.print("(plan for a GPU host with --gpus N)")
         return False
     out.print(f"ranks on {where}: {escape(placement.describe())}", soft_wrap=True)
-    table = Table()
-    for column in ("node", "local rank", "rank", "device"):
-        table.add_column(column)
-    per_node = scenario.topology.ranks_per_node
-    for node in fabric_plan.nodes:
-        for local in range(per_node):
-            device = (f"cuda:{placement.gpus.devices[node.index][local]}" if placement.gpus
-                      else "cpu")
-            table.add_row(node.name, str(local), str(node.index * per_node + local), device)
+    table = rank_table(scenario, fabric_plan, placement)
     out.print(table)
     envs = placement.node_env("<run>", [node.name for node in fabric_plan.nodes])
     for node, env in zip(fabric_plan.nodes, envs, strict=True):
@@ -188,9 +149,7 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
     except PrivilegeError as exc:
         _fail(str(exc), EXIT_FAILED)
     results, all_trusted = [], True
-    table = Table(title="fidelity: achieved / expected TCP goodput")
-    for column in ("scenario", "path", "cap", "expected", "achieved", "fraction", "verdict"):
-        table.add_column(column)
+    table = fidelity_table()
     for scenario in scenarios:
         try:
             with err.status(f"{scenario.name}: building the network and probing its links"):
@@ -199,12 +158,7 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
         except FabricError as exc:
             _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
         all_trusted &= report.trusted
-        for sample in report.samples:
-            ok = sample.fraction >= report.min_fraction
-            table.add_row(scenario.name, f"{sample.source} -> {sample.destination}",
-                          format_rate(sample.cap_bps), format_rate(sample.expected_bps),
-                          format_rate(sample.goodput_bps), f"{sample.fraction:.1%}",
-                          "[green]trusted[/]" if ok else "[red]untrusted[/]")
+        fidelity_rows(table, scenario, report)
         results.append({"name": scenario.name, "file": str(scenario.path),
                         "fidelity": report.as_dict()})
         if not report.trusted:

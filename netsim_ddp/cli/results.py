@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 from rich.markup import escape
-from rich.table import Table
 
 from netsim_ddp.cli.app import (
     EXIT_BAD_INPUT,
@@ -25,6 +24,7 @@ from netsim_ddp.cli.app import (
     main,
     out,
 )
+from netsim_ddp.report.command_tables import calibration_table
 from netsim_ddp.scenario.units import format_size
 
 
@@ -200,18 +200,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
     for calibration in found:
         document = calibration.as_dict()
         documents.append(document)
-        table = Table(title=calibration.label, title_justify="left")
-        for column in ("size", "measured us", "modelled us", "in-sample error",
-                       "held-out error"):
-            table.add_column(column, justify="right", no_wrap=True)
-        for row in document["sizes"]:
-            table.add_row(format_size(row["size"]), f"{row['measured_s'] * 1e6:.1f}",
-                          f"{row['modelled_s'] * 1e6:.1f}", f"{row['error']:+.1%}",
-                          "-" if row["held_out_error"] is None
-                          else f"{row['held_out_error']:+.1%}")
-        table.caption = ("modelled: isotonic + PCHIP through log time vs log size. In sample: "
-                         "the curve through every size, ~0 by construction; held out: the "
-                         "curve fitted without that size, predicting it (the honest one)")
+        table = calibration_table(calibration.label, document)
         human.print(table)
         line = document["alpha_beta_line"]
         worst, held = (document["max_abs_error_from_1MiB"],
