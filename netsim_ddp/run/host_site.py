@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from netsim_ddp.fabric.background import (
     BackgroundBytes,
@@ -17,12 +17,10 @@ from netsim_ddp.fabric.background import (
     assemble,
 )
 from netsim_ddp.run.host_control import Control, _rank_of
+from netsim_ddp.run.host_options import HostOptions
 from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.workload import ModeResult, RankSpec
 from netsim_ddp.workload.launcher.launch import read_results
-
-if TYPE_CHECKING:  # the agent drives its site; the site runs the agent's phases
-    from netsim_ddp.run.host_agent import HostAgent
 
 OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
 
@@ -35,6 +33,20 @@ class Phase:
     timeout_s: float
     profile: bool
     env: dict[str, str]
+
+
+class HostAgent(Protocol):
+    """What the site needs of this host's agent (host_agent.HostAgent): its options, and running
+    a phase, or its background ends, on this host."""
+
+    options: HostOptions
+
+    def _run_phase(self, control: Control, phase: Phase) -> None: ...
+
+    def _background_phase(self, control: Control, index: int,
+                          message: dict[str, Any]) -> None: ...
+
+    def _stop_traffic(self) -> None: ...
 
 
 class _HostsSite(Site):
