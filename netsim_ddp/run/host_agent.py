@@ -71,7 +71,8 @@ from netsim_ddp.run.host_control import (
     _rank_of,
     _says,
 )
-from netsim_ddp.run.host_options import (
+from netsim_ddp.run.host_options import (  # names handed on: `host` imports them from here
+    HostConfigError,
     HostError,
     HostOptions,
     host_placement,
@@ -94,6 +95,8 @@ from netsim_ddp.workload.launcher.launch import (
     torchrun_argv,
 )
 from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
+
+__all__ = ["HostAgent", "HostConfigError", "HostError", "HostOptions", "run_host"]
 
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1
