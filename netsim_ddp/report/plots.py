@@ -545,11 +545,13 @@ def plot_history(history: MetricHistory, path: Path) -> Path:
         ax.axvline(x, color="#d62728", ls="--", lw=1)
         ax.annotate(f"{point.change:+.1%}\np={point.p_value:.3f}", (x, ax.get_ylim()[1]),
                     fontsize=7, ha="left", va="top", color="#d62728")
-    if history.reference is not None:
-        start, stop = history.reference
-        best = history.values[start:stop]
+    if history.reference:
+        best = [history.values[i] for i in history.reference]
         ax.axhspan(min(best) * scale, max(best) * scale, color="#2ca02c", alpha=0.12,
                    label="best earlier level")
+    if history.regressed:  # earlier runs that were regressions when they were the newest
+        ax.plot([numbers[i] for i in history.regressed], [values[i] for i in history.regressed],
+                "o", mfc="none", color="#d62728", ms=9, label="regression when newest")
     if history.verdict is not None and not history.verdict.passed:
         ax.plot(numbers[-1:], values[-1:], "o", color="#d62728", ms=9, label="regression")
     ax.set_xlabel("run")
