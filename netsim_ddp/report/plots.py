@@ -73,6 +73,9 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
     return path
 
 
+JITTER_SUBTITLE_WIDTH = 150  # characters of 8 pt text across the 12-inch figure
+
+
 def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
                         title: str | None = None) -> Path:
     """How spread and pace change with the GPU count: per run (one per GPU count), each mode's
@@ -99,8 +102,10 @@ def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     notices = {entry.emulation.notice for entry in entries if entry.emulation}
+    # Wrapped, never cut: a scale model's notice is what says its times are not measured ones.
     fig.suptitle((title or "spread and pace per iteration vs GPU count")
-                 + ("\n" + "; ".join(sorted(notices))[:160] if notices else ""), fontsize=8)
+                 + ("\n" + fit_title("; ".join(sorted(notices)), JITTER_SUBTITLE_WIDTH)
+                    if notices else ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
