@@ -321,6 +321,11 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
                 _judge_newest(history, tolerances.get(metric, DEFAULT_TOLERANCE), alpha)
                 report.metrics.append(history)
     report.notes += _too_short_notes(report.metrics, alpha)
+    if not report.passed:
+        newest = max(run.number for h in report.metrics if not h.passed for run in h.runs[-1:])
+        report.notes.append(f"a regression stays one until it is accepted: if run {newest}'s "
+                            f"change is intended, `netsim-ddp history ... --accept {newest}` "
+                            "records that in its folder (docs/history.md)")
     return report
 
 

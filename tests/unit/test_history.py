@@ -387,6 +387,7 @@ def test_history_command_exits_1_on_a_regression_and_writes_json_and_summary(
                                        "--json", str(tmp_path / "h.json")])
     assert result.exit_code == 1, result.output
     assert "FAILED" in result.output and "REGRESSION" in result.output
+    assert "--accept 4` records that" in result.output  # what ends a regression
     data = json.loads((tmp_path / "h.json").read_text())
     assert data["passed"] is False and data["series"][0]["reference_runs"] == [1, 2, 3]
     markdown = summary.read_text()
