@@ -14,6 +14,10 @@ Two questions, two tables:
 - the gate (the verdict on the newest run, default 5% tolerance): with n-1 runs at the old
   level and the newest the first on the new level, is it flagged at once (detection), and with
   no step, does the newest run fail (false alarm)?
+- and does the gate stay red: with the newest run the 1st, 3rd, 5th or 10th on a level 10%
+  worse (none accepted), is the newest run still flagged? The history is replayed run by run,
+  so the earlier runs on the new level, regressions when they were the newest, never join the
+  reference.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ ITERATIONS = 20
 STEPS = (0.0, 0.03, 0.05, 0.10)
 LENGTHS = (20, 50)
 BETWEEN_CVS = (0.01, 0.02)
+LATER = (1, 3, 5, 10)  # the newest run's place on the worse level
 METRIC = Metric.parse("iteration_s.median")
 
 
@@ -92,6 +97,31 @@ def gate(trials: int, seed: int) -> list[tuple]:
     return rows
 
 
+def stays_red(trials: int, seed: int, step: float = 0.10) -> list[tuple]:
+    rng = np.random.default_rng(seed + 2)
+    rows = []
+    for cv in BETWEEN_CVS:
+        for n in LENGTHS:
+            for later in LATER:
+                flagged = 0
+                for _ in range(trials):
+                    runs = as_runs(rng, run_levels(rng, n, step, n - later, cv))
+                    report = judge_history(runs, [METRIC], {METRIC: DEFAULT_TOLERANCE})
+                    flagged += not report.passed
+                rows.append((cv, n, later, flagged / trials))
+    return rows
+
+
+def later_table(rows: list[tuple]) -> None:
+    print("\ngate, a +10% step, the newest run the k-th on the new level (flagged)")
+    print("| run-to-run CV | runs | " + " | ".join(f"k = {k}" for k in LATER) + " |")
+    print("|---|---|" + "---|" * len(LATER))
+    for cv in BETWEEN_CVS:
+        for n in LENGTHS:
+            cells = {k: rate for c, length, k, rate in rows if c == cv and length == n}
+            print(f"| {cv:.0%} | {n} | " + " | ".join(f"{cells[k]:.0%}" for k in LATER) + " |")
+
+
 def table(title: str, rows: list[tuple], hit: str, alarm: str) -> None:
     print(f"\n{title}")
     print(f"| run-to-run CV | runs | {alarm} (no step) | " +
@@ -115,6 +145,7 @@ def main() -> None:
           change_points(args.trials, args.seed), "found", "false alarms")
     table("gate (the newest run is the first after the step; flagged at once)",
           gate(args.trials, args.seed), "flagged", "false failures")
+    later_table(stays_red(args.trials, args.seed))
 
 
 if __name__ == "__main__":

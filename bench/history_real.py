@@ -14,6 +14,12 @@ all-reduce fidelity probe sees the slower link like everything else; the copied 
 `fidelity.min_fraction` to 0.8 (the same in every run, and not part of the digest) so a 10%
 slower link is still trusted rather than refused.
 
+Or, with `--grow 0.10`, the change is the model's, the way a user's model factory grows while
+the scenario file stays the same: the copied scenario names a factory written next to it
+(`nsd_history_grow:build`: the built-in MLP at `params` x (1 + NSD_HISTORY_GROW)), and from the
+K-th run on the variable says 0.10, so every gradient, and every wire byte, is 10% more. Wire
+bytes are exact counts, so this change shows however loaded the host is.
+
 `train` (HEAVY: trains; run it under the shared lock) writes run-01.json, run-02.json, ... (the
 documents `netsim-ddp run --json` writes) and the slowed runs' numbers; `judge` (no training)
 runs `netsim-ddp history` on runs 1..n for every n, for the unchanged history (clean runs only)
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,13 +40,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def small_default(folder: Path, iterations: int) -> Path:
-    """scenarios/default.toml with fewer iterations, modes fp32 and amp-fp16, copied."""
+GROW_MODULE = "nsd_history_grow"
+GROW_FACTORY = """import os
+
+from netsim_ddp.workload.models import build_mlp
+
+
+def build(params):
+    # The same scenario, a model grown by NSD_HISTORY_GROW (a user's factory changing).
+    return build_mlp(int(params * (1 + float(os.environ.get("NSD_HISTORY_GROW", "0")))))
+"""
+
+
+def small_default(folder: Path, iterations: int, grow: bool = False) -> Path:
+    """scenarios/default.toml with fewer iterations, modes fp32 and amp-fp16, copied; with
+    `grow`, its model built by a factory next to it (GROW_MODULE)."""
     text = (ROOT / "scenarios" / "default.toml").read_text()
-    for pattern, replacement in ((r"(?m)^iterations = \d+", f"iterations = {iterations}"),
-                                 (r"(?m)^warmup = \d+", "warmup = 2"),
-                                 (r"(?m)^modes = .*$", 'modes = ["fp32", "amp-fp16"]'),
-                                 (r"(?m)^min_fraction = [0-9.]+", "min_fraction = 0.8")):
+    changes = [(r"(?m)^iterations = \d+", f"iterations = {iterations}"),
+               (r"(?m)^warmup = \d+", "warmup = 2"),
+               (r"(?m)^modes = .*$", 'modes = ["fp32", "amp-fp16"]'),
+               (r"(?m)^min_fraction = [0-9.]+", "min_fraction = 0.8")]
+    if grow:
+        changes.append((r'(?m)^model = "mlp"', f'model = "{GROW_MODULE}:build"'))
+        (folder / f"{GROW_MODULE}.py").write_text(GROW_FACTORY)
+        sys.path.insert(0, str(folder))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    for pattern, replacement in changes:
         text, count = re.subn(pattern, replacement, text)
         assert count == 1, f"default.toml has no single line matching {pattern!r}"
     path = folder / "default-small.toml"
@@ -76,13 +103,15 @@ def train(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    scenario = Scenario.load(small_default(out, args.iterations))
+    scenario = Scenario.load(small_default(out, args.iterations, grow=args.grow is not None))
+    changed = "grown" if args.grow is not None else "slowed"
     plan = [("clean", i) for i in range(1, args.clean + 1)]
-    plan += [("slowed", i) for i in range(args.from_run, args.from_run + args.slowed)]
+    plan += [(changed, i) for i in range(args.from_run, args.from_run + args.slowed)]
     started = time.monotonic()
     for kind, number in plan:
         session = NetsimSession.create()
         hook = slowed_links(args.slowdown) if kind == "slowed" else None
+        os.environ["NSD_HISTORY_GROW"] = str(args.grow if kind == "grown" else 0.0)
         report = session.run(scenario, on_built=hook)
         path = out / f"{kind}-{number:02d}.json"
         save(session.document(), path)
@@ -99,7 +128,7 @@ def judge(args: argparse.Namespace) -> None:
     out = Path(args.out)
     meta = json.loads((out / "params.txt").read_text())
     clean = sorted(out.glob("clean-*.json"))
-    slowed = sorted(out.glob("slowed-*.json"))
+    slowed = sorted(out.glob("slowed-*.json")) or sorted(out.glob("grown-*.json"))
     histories = {"unchanged": clean,
                  "slowed": clean[:meta["from_run"] - 1] + slowed}
     for name, files in histories.items():
@@ -119,7 +148,9 @@ def main() -> None:
     t = sub.add_parser("train", help="HEAVY: the runs (under the shared lock)")
     t.add_argument("--out", required=True)
     t.add_argument("--clean", type=int, default=5, help="unchanged runs")
-    t.add_argument("--slowed", type=int, default=2, help="runs with slowed links")
+    t.add_argument("--slowed", type=int, default=2, help="runs with slowed links (or grown)")
+    t.add_argument("--grow", type=float, default=None,
+                   help="instead of slowing links, grow the model by this fraction")
     t.add_argument("--from-run", type=int, default=4, help="the first slowed run's number")
     t.add_argument("--slowdown", type=float, default=0.10)
     t.add_argument("--iterations", type=int, default=8)

@@ -46,10 +46,12 @@ def summarize(document: ResultsDocument) -> list[str]:
             summary = mode.summary
             wire = mode.wire_bytes_per_iteration
             ratio = f"{wire / reference:.3f}" if reference else "-"
+            busbw = (f"{mode.busbw_over_link:.2f}" if mode.busbw_over_link is not None
+                     else "-")  # no collective timing: no figure
             lines.append(f"{name:10} {summary.iteration_s.median * 1e3:8.1f} "
                          f"{summary.compute_s.median * 1e3:8.1f} "
                          f"{summary.comm_s.median * 1e3:8.1f} {wire / 1e6:8.1f} "
-                         f"{ratio:>8} {mode.busbw_over_link:10.2f}")
+                         f"{ratio:>8} {busbw:>10}")
         for check in entry.checks:
             lines.append(f"  {'ok' if check.passed else 'FAILED'} {check.name}: {check.detail}")
     return lines

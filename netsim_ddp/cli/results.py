@@ -92,13 +92,19 @@ def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
               help="Also write the verdicts and change points as JSON ('-': stdout).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write a plot per series and metric, and history.md/.html, here.")
+@click.option("--accept", "accepted", metavar="RUN",
+              help="Acknowledge RUN (its number as listed, or its results file) as an intended "
+                   "change: it and the regressions right before it become the reference. "
+                   "Saved in its folder's netsim-ddp-accepted.jsonl.")
 def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tuple[str, ...],
-            alpha: float, as_given: bool, json_out: str | None, out_dir: str | None) -> None:
+            alpha: float, as_given: bool, json_out: str | None, out_dir: str | None,
+            accepted: str | None) -> None:
     """Change points in the history of earlier runs (`run --json` files, or folders of
     them), and a verdict on the newest run; exit 1 if it regressed."""
     from netsim_ddp.report.ci import append_step_summary, change_text, history_summary
     from netsim_ddp.verdicts.history import (
         HistoryError,
+        accept,
         judge_history,
         load_runs,
         parse_metrics,
@@ -112,7 +118,10 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
     try:
         chosen, fractions = parse_metrics(metrics, tolerances)
         runs, notes = load_runs(paths, by_time=not as_given)
-    except HistoryError as exc:
+        if accepted is not None:
+            runs, marker = accept(runs, accepted)
+            err.print(f"accepted {accepted}: recorded in {marker}")
+    except (HistoryError, OSError) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     report = judge_history(runs, chosen, fractions, alpha)
     report.notes[:0] = notes

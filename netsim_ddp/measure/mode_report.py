@@ -91,11 +91,15 @@ class ModeReport:
 
     @property
     def busbw_bps(self) -> float | None:
-        """Of the gradient all-reduce, from the exposed comm time (a lower bound on the real
-        all-reduce time when backward overlaps it, so this can overstate)."""
-        if self.comm is None:
+        """nccl-tests' bus bandwidth of the gradient collectives: the bytes a rank hands them
+        per step over the time at least one of them was in flight (collective_s, the union of
+        the bucket intervals, so the gaps between buckets while backward runs do not count),
+        x 2(n-1)/n. Never from the exposed comm time: when backward overlaps the all-reduce
+        that is a sliver of the collectives' time and reads as several times the link. None
+        where no collective time was measured (a script's C++ hook): no bound in its place."""
+        if self.collective is None or self.collective.median <= 0:
             return None
-        return bus_bandwidth(self.result.sent_bytes_per_iteration, self.comm.median,
+        return bus_bandwidth(self.result.sent_bytes_per_iteration, self.collective.median,
                              self.result.world_size)
 
     def to_record(self) -> ModeRecord:

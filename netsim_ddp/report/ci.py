@@ -111,11 +111,10 @@ def _verdict_word(history: MetricHistory) -> str:
 
 
 def _best_level(history: MetricHistory) -> str:
-    if history.reference is None:
+    if not history.reference:
         return "-"
-    start, stop = history.reference
-    level = _median(history.values[start:stop])
-    return f"{history.metric.format(level)} ({history.run_span(start, stop)})"
+    level = _median([history.values[i] for i in history.reference])
+    return f"{history.metric.format(level)} ({history.run_span(history.reference)})"
 
 
 def _median(values: list[float]) -> float:

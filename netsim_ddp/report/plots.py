@@ -73,6 +73,9 @@ def plot_jitter(entry: ScenarioRecord, path: Path, title: str | None = None) -> 
     return path
 
 
+JITTER_SUBTITLE_WIDTH = 150  # characters of 8 pt text across the 12-inch figure
+
+
 def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
                         title: str | None = None) -> Path:
     """How spread and pace change with the GPU count: per run (one per GPU count), each mode's
@@ -99,8 +102,10 @@ def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     notices = {entry.emulation.notice for entry in entries if entry.emulation}
+    # Wrapped, never cut: a scale model's notice is what says its times are not measured ones.
     fig.suptitle((title or "spread and pace per iteration vs GPU count")
-                 + ("\n" + "; ".join(sorted(notices))[:160] if notices else ""), fontsize=8)
+                 + ("\n" + fit_title("; ".join(sorted(notices)), JITTER_SUBTITLE_WIDTH)
+                    if notices else ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -545,11 +550,13 @@ def plot_history(history: MetricHistory, path: Path) -> Path:
         ax.axvline(x, color="#d62728", ls="--", lw=1)
         ax.annotate(f"{point.change:+.1%}\np={point.p_value:.3f}", (x, ax.get_ylim()[1]),
                     fontsize=7, ha="left", va="top", color="#d62728")
-    if history.reference is not None:
-        start, stop = history.reference
-        best = history.values[start:stop]
+    if history.reference:
+        best = [history.values[i] for i in history.reference]
         ax.axhspan(min(best) * scale, max(best) * scale, color="#2ca02c", alpha=0.12,
                    label="best earlier level")
+    if history.regressed:  # earlier runs that were regressions when they were the newest
+        ax.plot([numbers[i] for i in history.regressed], [values[i] for i in history.regressed],
+                "o", mfc="none", color="#d62728", ms=9, label="regression when newest")
     if history.verdict is not None and not history.verdict.passed:
         ax.plot(numbers[-1:], values[-1:], "o", color="#d62728", ms=9, label="regression")
     ax.set_xlabel("run")

@@ -42,11 +42,12 @@ def mode_table(report: ScenarioReport) -> Table:
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = ("medians over measured iterations; coll = time a gradient collective was "
                      "in flight; eff = compute / iteration; wire MB per iteration, all nodes, "
-                     "background excluded; busbw / link rate; straggler: the node whose "
+                     "background excluded; busbw = 2(n-1)/n x gradient bytes / coll, over "
+                     "the link rate ('-': no collective timing); straggler: the node whose "
                      "backward finished last most often (iterations) and its median lead")
     if workload.is_script:
         table.caption += ("; a script's step is one optimizer.step() (or netsim_ddp.step()); "
-                          "comm, compute, eff and busbw need the built-in loop's compute-only "
+                          "comm, compute and eff need the built-in loop's compute-only "
                           "steps: '-'; vs: against the first variant")
     if report.notice:  # a scale model says so, in one line, in every table
         table.title = f"{title}\n{report.notice}" + (

@@ -15,6 +15,7 @@ yet (the history gate judges the newest run on its own, see netsim_ddp.verdicts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ import ruptures
 MIN_SEGMENT = 2
 PERMUTATIONS = 199
 DEFAULT_ALPHA = 0.05
+# A shuffle that regroups the same values splits exactly as well; summed in another order its
+# gain may differ in the last bits, and that must not decide significance.
+SAME_GAIN = 1e-9
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,9 @@ def segment(values: Sequence[float], alpha: float = DEFAULT_ALPHA,
             for start, stop in _pieces(cuts, len(series)):
                 rng.shuffle(shuffled[start:stop])
             found = _best_split(shuffled, cuts)
-            exceeded += found is not None and found[0] >= gain
+            exceeded += found is not None and found[0] >= gain * (1 - SAME_GAIN)
+            if (exceeded + 1) / (permutations + 1) > alpha:
+                break  # not significant whatever the remaining shuffles say
         p_value = (exceeded + 1) / (permutations + 1)
         if p_value > alpha:
             break
@@ -92,6 +98,24 @@ def segment(values: Sequence[float], alpha: float = DEFAULT_ALPHA,
     points = tuple(ChangePoint(index, medians[i], medians[i + 1], p_values[index])
                    for i, index in enumerate(cuts))
     return Segmentation(tuple(float(v) for v in series), points)
+
+
+def smallest_p_value(n: int, permutations: int = PERMUTATIONS) -> float:
+    """The smallest p-value the permutation test can give a series of n values: of the
+    C(n, k) ways to place the k values of one side among the n, two (this side first or last)
+    split as well as a clean step, so p >= 2 / C(n, n // 2) at the most even split (and the
+    shuffles' own resolution, 1 / (permutations + 1)). 6 runs: 0.1; 8 runs: 0.029."""
+    if n < 2 * MIN_SEGMENT:
+        return 1.0
+    return max(2 / math.comb(n, n // 2), 1 / (permutations + 1))
+
+
+def runs_to_reach(alpha: float, permutations: int = PERMUTATIONS) -> int:
+    """The fewest runs with which a change point can be significant at `alpha`."""
+    n = 2 * MIN_SEGMENT
+    while smallest_p_value(n, permutations) > alpha and n < 1000:
+        n += 1
+    return n
 
 
 def _pieces(cuts: list[int], n: int) -> list[tuple[int, int]]:

@@ -10,11 +10,19 @@ A baseline gate compares one run with one saved run: five merges each 3% slower 
 - the verdict on the newest run, asv's rule: a regression is measured from the BEST level the
   history reached before it (so a creep of small steps adds up), and is flagged only when it
   is beyond the tolerance AND significant: its per-iteration samples against the best
-  segment's (the baseline gate's Mann-Whitney test; wire bytes are exact counts), and, where
+  level's (the baseline gate's Mann-Whitney test; wire bytes are exact counts), and, where
   the best level has three runs or more, its value outside their run-to-run spread (the
   prediction interval of one more run), since a run's own samples cannot show how much whole
-  runs move. The best level comes from the change points of the runs before the newest one,
-  so the newest run is judged on its own from the first run on a new level.
+  runs move.
+
+The reference is replayed run by run: each run is judged as it was when it was the newest,
+and a run that was a regression then never joins a reference later, however many of them
+follow (else the regression's own step would widen the "run-to-run spread" until it looked
+like noise). The best level is one level: a segment of the earlier non-regressed runs, cut
+at their change points and at those the gate reports for the whole series. What ends a
+regression is an acknowledgement saved in the folder (verdicts.acceptance, `history
+--accept RUN`), never the passage of runs: the accepted run and the regressions right before
+it become the level later runs are judged against.
 
 Series are never mixed silently: runs of a scenario whose file changed (its digest), or that
 ran on another kind of host (CPU model and count, architecture, torch version; not the
@@ -24,6 +32,7 @@ says so, and only the series with the newest run of that scenario gates.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from collections.abc import Sequence
@@ -43,7 +52,13 @@ from netsim_ddp.measure.document import (
     content_digest,
     load_document,
 )
-from netsim_ddp.verdicts.changepoint import Segmentation, segment
+from netsim_ddp.verdicts.acceptance import (
+    ACCEPTED_FILE,
+    AcceptanceError,
+    accepted_sources,
+    record_acceptance,
+)
+from netsim_ddp.verdicts.changepoint import Segmentation, runs_to_reach, segment, smallest_p_value
 from netsim_ddp.verdicts.gate import (
     DEFAULT_ALPHA,
     HIGHER_IS_BETTER,
@@ -72,6 +87,7 @@ class Run:
     number: int
     source: str
     document: ResultsDocument
+    accepted: bool = False  # acknowledged as the new reference (verdicts.acceptance)
 
 
 def load_runs(paths: Sequence[str | Path], by_time: bool = True) -> tuple[list[Run], list[str]]:
@@ -96,13 +112,34 @@ def load_runs(paths: Sequence[str | Path], by_time: bool = True) -> tuple[list[R
             notes.append(f"{len(undated)} of {len(documents)} results files record no time "
                          f"(written before netsim-ddp stamped them: {', '.join(undated[:3])}"
                          f"{', ...' if len(undated) > 3 else ''}): judged in the order given")
-    return [Run(i + 1, source, document) for i, (source, document) in enumerate(documents)], notes
+    try:
+        accepted = accepted_sources(source for source, _ in documents)
+    except AcceptanceError as exc:
+        raise HistoryError(str(exc)) from None
+    return [Run(i + 1, source, document, source in accepted)
+            for i, (source, document) in enumerate(documents)], notes
 
 
 def _time(document: ResultsDocument) -> datetime.datetime:
     assert document.created_at is not None
     moment = datetime.datetime.fromisoformat(document.created_at)
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def accept(runs: list[Run], which: str) -> tuple[list[Run], Path]:
+    """Acknowledge one run (its number as judged here, or its results file) as an intended
+    change: saved in its folder (verdicts.acceptance), the runs returned with it accepted."""
+    chosen = [run for run in runs
+              if which == str(run.number) or Path(which).name == Path(run.source).name]
+    if len(chosen) != 1:
+        raise HistoryError(f"--accept {which}: " + (
+            "no such run; give its number as this command lists the runs, or its results "
+            "file" if not chosen else f"{len(chosen)} runs have that file name; give its "
+            "number instead"))
+    run, = chosen
+    marker = record_acceptance(run.source, run.document.created_at)
+    return [dataclasses.replace(other, accepted=True) if other is run else other
+            for other in runs], marker
 
 
 def runs_in(folder: str | Path) -> list[Path]:
@@ -172,7 +209,8 @@ class MetricHistory:
     segmentation: Segmentation
     gating: bool  # the series with the newest run of its scenario
     verdict: Verdict | None = None  # None: too few runs to judge
-    reference: tuple[int, int] | None = None  # the best earlier segment, [start, stop)
+    reference: list[int] | None = None  # indices of the newest run's reference level
+    regressed: list[int] = field(default_factory=list)  # indices: regressions when newest
 
     @property
     def passed(self) -> bool:
@@ -187,13 +225,23 @@ class MetricHistory:
                 "change_points": [{"run": self.runs[p.index].number, "before": p.before,
                                    "after": p.after, "change": p.change, "p_value": p.p_value}
                                   for p in points],
-                "reference_runs": ([self.runs[i].number for i in range(*self.reference)]
+                "reference_runs": ([self.runs[i].number for i in self.reference]
                                    if self.reference else None),
+                "regressed_runs": [self.runs[i].number for i in self.regressed],
                 "verdict": self.verdict.to_record().dump() if self.verdict else None}
 
-    def run_span(self, start: int, stop: int) -> str:
-        first, last = self.runs[start].number, self.runs[stop - 1].number
-        return f"run {first}" if first == last else f"runs {first}-{last}"
+    def run_span(self, indices: Sequence[int]) -> str:
+        """'run 4', 'runs 1-3' or 'runs 1-3, 6': the runs at these indices."""
+        numbers = [self.runs[i].number for i in indices]
+        spans: list[list[int]] = []
+        for number in numbers:
+            if spans and number == spans[-1][-1] + 1:
+                spans[-1].append(number)
+            else:
+                spans.append([number])
+        text = ", ".join(f"{span[0]}" if len(span) == 1 else f"{span[0]}-{span[-1]}"
+                         for span in spans)
+        return f"run {text}" if len(numbers) == 1 else f"runs {text}"
 
 
 @dataclass
@@ -272,7 +320,32 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
             if history is not None:
                 _judge_newest(history, tolerances.get(metric, DEFAULT_TOLERANCE), alpha)
                 report.metrics.append(history)
+    report.notes += _too_short_notes(report.metrics, alpha)
+    if not report.passed:
+        newest = max(run.number for h in report.metrics if not h.passed for run in h.runs[-1:])
+        report.notes.append(f"a regression stays one until it is accepted: if run {newest}'s "
+                            f"change is intended, `netsim-ddp history ... --accept {newest}` "
+                            "records that in its folder (docs/history.md)")
     return report
+
+
+def _too_short_notes(histories: list[MetricHistory], alpha: float) -> list[str]:
+    """Where a gating series is too short for any change point to be significant: the
+    permutation test cannot give a p-value under alpha with so few runs."""
+    lengths: dict[str, int] = {}
+    for history in histories:
+        if history.gating and len(history.values) >= 2:
+            lengths[history.key.scenario] = max(lengths.get(history.key.scenario, 0),
+                                                len(history.values))
+    notes = []
+    for name, n in lengths.items():
+        smallest = smallest_p_value(n)
+        if smallest > alpha:
+            notes.append(f"{name}: {n} runs are too few for a change point to be significant "
+                         f"at alpha {alpha:g} (the permutation test's smallest attainable p with "
+                         f"{n} runs is {smallest:.3f}; from {runs_to_reach(alpha)} runs on it "
+                         "can be): none is reported yet; the newest run is judged all the same")
+    return notes
 
 
 def _split_note(name: str, groups: dict[tuple[str, str], list[int]],
@@ -308,57 +381,108 @@ def _metric_history(key: SeriesKey, metric: Metric, points: list[tuple[Run, Mode
 
 
 def _judge_newest(history: MetricHistory, tolerance: float, alpha: float) -> None:
-    """The newest run against the best level of the runs before it."""
-    values = history.values
-    if len(values) < 2:
+    """The newest run against the best level of the runs before it, replayed run by run: each
+    run is judged as the newest in turn, and the regressions among them stay out of every
+    later reference until a run of theirs is accepted (verdicts.acceptance)."""
+    if len(history.values) < 2:
         return
-    bounds = segment(values[:-1], alpha).bounds
-    # The last runs before the newest may be a regression too short to be a segment yet: those
-    # that were regressions when they were newest are no level to hold the newest run to.
-    start, stop = bounds[-1]
-    while (stop - start > MIN_RUNS_FOR_SPREAD
-           and not _verdict(history, stop - 1, (start, stop - 1), tolerance, alpha).passed):
-        stop -= 1
-    bounds[-1] = (start, stop)
+    floor = 0  # runs before an accepted change are no reference any more
+    regressed: list[int] = []
+    for index in range(1, len(history.values)):
+        candidates = [i for i in range(floor, index) if i not in regressed]
+        reference = _best_level(history, candidates, alpha)
+        verdict = _judged(history, index, reference, tolerance, alpha)
+        if not verdict.passed and history.runs[index].accepted:
+            streak = index  # the accepted run and the regressions right before it
+            while streak - 1 in regressed:
+                streak -= 1
+            regressed = [i for i in regressed if i < streak]
+            floor = streak
+            verdict = Verdict(verdict.name, True, _accepted_text(history, verdict, streak,
+                                                                 index), verdict.p_value)
+        elif not verdict.passed:
+            regressed.append(index)
+        history.verdict, history.reference = verdict, reference
+    history.regressed = [i for i in regressed if i < len(history.values) - 1]
+
+
+def _accepted_text(history: MetricHistory, verdict: Verdict, first: int, index: int) -> str:
+    return (f"accepted ({history.run_span([index])} is acknowledged in "
+            f"{ACCEPTED_FILE}: {history.run_span(range(first, index + 1))} are the "
+            f"reference from here on): " + verdict.detail.removeprefix("REGRESSION "))
+
+
+def _best_level(history: MetricHistory, candidates: list[int], alpha: float) -> list[int]:
+    """The best level among the candidate runs: their segments (the change points of their own
+    values, and those the gate reports for the whole series, bound each level), the one with
+    the best median."""
+    if not candidates:
+        return []
+    values = [history.values[i] for i in candidates]
+    reported = {point.index for point in history.segmentation.change_points}
+    levels = []
+    for start, stop in _segments(tuple(values), alpha):
+        level: list[int] = []
+        for i in candidates[start:stop]:
+            if level and i in reported:
+                levels.append(level)
+                level = []
+            level.append(i)
+        levels.append(level)
     pick = max if history.metric.series in HIGHER_IS_BETTER else min
-    history.reference = pick(bounds, key=lambda b: float(np.median(values[b[0]:b[1]])))
-    start, stop = history.reference
-    if stop - start < MIN_RUNS_FOR_SPREAD:
-        history.verdict = Verdict(
+    return pick(levels, key=lambda level: float(np.median([history.values[i] for i in level])))
+
+
+_SEGMENTS: dict[tuple[tuple[float, ...], float], list[tuple[int, int]]] = {}
+
+
+def _segments(values: tuple[float, ...], alpha: float) -> list[tuple[int, int]]:
+    """segment(values).bounds, remembered: the replay segments the same prefixes again."""
+    key = (values, alpha)
+    if key not in _SEGMENTS:
+        if len(_SEGMENTS) > 4096:
+            _SEGMENTS.clear()
+        _SEGMENTS[key] = segment(values, alpha).bounds
+    return _SEGMENTS[key]
+
+
+def _judged(history: MetricHistory, index: int, reference: list[int], tolerance: float,
+            alpha: float) -> Verdict:
+    if len(reference) < MIN_RUNS_FOR_SPREAD:
+        return Verdict(
             f"history:{history.key.mode}:{history.metric}", True,
             f"{history.key.label} {history.metric}: not judged yet: the best level "
-            f"({history.run_span(start, stop)}) has {stop - start} run(s), and "
+            f"({history.run_span(reference)}) has {len(reference)} run(s), and "
             f"{MIN_RUNS_FOR_SPREAD} show how much whole runs move")
-        return
-    history.verdict = _verdict(history, len(values) - 1, (start, stop), tolerance, alpha)
+    return _verdict(history, index, reference, tolerance, alpha)
 
 
-def _verdict(history: MetricHistory, index: int, reference: tuple[int, int], tolerance: float,
+def _verdict(history: MetricHistory, index: int, reference: list[int], tolerance: float,
              alpha: float) -> Verdict:
-    """Run `index` against the runs `reference` ([start, stop)): over the tolerance,
-    significant by its samples, and beyond the runs' own spread."""
-    start, stop = reference
+    """Run `index` against the `reference` runs (one level): over the tolerance, significant
+    by its samples, and beyond the runs' own spread."""
     samples: list[float] | None = []
-    for record in history.records[start:stop]:
-        run_samples = history.metric.samples(record)
+    for i in reference:
+        run_samples = history.metric.samples(history.records[i])
         samples = None if run_samples is None or samples is None else samples + run_samples
+    level = [history.values[i] for i in reference]
     verdict = regression_verdict(
         history.key.scenario, history.key.mode, Tolerance(history.metric, tolerance),
-        history.records[index], float(np.median(history.values[start:stop])), samples, alpha,
-        check="history", reference=f"best level ({history.run_span(start, stop)})")
+        history.records[index], float(np.median(level)), samples, alpha,
+        check="history", reference=f"best level ({history.run_span(reference)})")
     if verdict.passed:
         return verdict
-    return _beyond_run_to_run_noise(history, verdict, index, start, stop, alpha)
+    return _beyond_run_to_run_noise(history, verdict, index, reference, alpha)
 
 
-def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, index: int, start: int,
-                             stop: int, alpha: float) -> Verdict:
+def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, index: int,
+                             reference: list[int], alpha: float) -> Verdict:
     """A run's own samples say nothing of how much whole runs move (the host, its neighbours):
     the run must also lie outside the spread of the reference runs, by the prediction interval
     of one more run (Student's t, one-sided)."""
     from scipy.stats import t as student
 
-    level = np.asarray(history.values[start:stop])
+    level = np.asarray([history.values[i] for i in reference])
     spread = float(level.std(ddof=1)) if len(level) >= 2 else 0.0
     if spread == 0.0:  # exact counts
         return verdict
@@ -367,7 +491,7 @@ def _beyond_run_to_run_noise(history: MetricHistory, verdict: Verdict, index: in
         distance = -distance
     score = distance / (spread * math.sqrt(1 + 1 / len(level)))
     p = float(student.sf(score, len(level) - 1))
-    text = (f"; against the run-to-run spread of {history.run_span(start, stop)} "
+    text = (f"; against the run-to-run spread of {history.run_span(reference)} "
             f"(sd {history.metric.format(spread)}): t p = {p:.2g}")
     if p < alpha:
         return Verdict(verdict.name, False, verdict.detail + text, max(verdict.p_value or 0, p))

@@ -84,6 +84,28 @@ def mode(name, collective, spread, seed, n=20):
     return ModeReport(result, 1000.0, 0.0, 1e9)
 
 
+def test_busbw_is_from_the_time_the_collectives_were_in_flight_never_the_exposed_time():
+    """nccl-tests' busbw: 2(n-1)/n x bytes / the collectives' time. The 16-GPU replay case:
+    backward hides most of the all-reduce, so exposed comm (20 ms) is a sliver of the
+    collectives' 214 ms, and bytes over it would read as 5.6x the link."""
+    n, sent, link = 16, 102.2e6, 10e9
+    collective = [0.2138, 0.2120, 0.2150]
+    result = ModeResult.model_construct(
+        mode="fp32", iteration_s=[0.40] * 3, compute_s=[0.38] * 3, comm_s=[0.02] * 3,
+        collective_s=collective, sent_bytes_per_iteration=int(sent), world_size=n,
+        iterations=3, params=25_000_000, ranks=[], profiler_allreduce_s=None, batch_size=32,
+        grad_accumulation=1)
+    report = ModeReport(result, sent * n, 0.0, link)
+    expected = 2 * (n - 1) / n * sent * 8 / 0.2138
+    assert report.busbw_bps == pytest.approx(expected)
+    assert report.busbw_bps / link == pytest.approx(0.717, abs=0.005)  # not 5.6
+    record = report.to_record().dump()
+    assert record["busbw_over_link"] == pytest.approx(expected / link)
+    untimed = ModeReport(result.model_copy(update={"collective_s": None}), sent * n, 0.0, link)
+    assert untimed.busbw_bps is None  # no collective timing: no figure, not a bound
+    assert untimed.to_record().dump().get("busbw_over_link") is None
+
+
 def test_collective_spread_is_an_expectation():
     claim = Expectation(metric="collective_s.std", mode="amp-fp16", vs="fp32", max_ratio=1.0)
     calm = {"fp32": mode("fp32", 0.5, 0.1, 1), "amp-fp16": mode("amp-fp16", 0.25, 0.02, 2)}

@@ -22,7 +22,8 @@ from netsim_ddp.measure.document import (
     save,
 )
 from netsim_ddp.report.ci import bencher_metrics, github_benchmark, history_summary, run_summary
-from netsim_ddp.verdicts.changepoint import segment
+from netsim_ddp.verdicts.acceptance import ACCEPTED_FILE
+from netsim_ddp.verdicts.changepoint import runs_to_reach, segment, smallest_p_value
 from netsim_ddp.verdicts.gate import Metric
 from netsim_ddp.verdicts.history import (
     HistoryError,
@@ -133,7 +134,7 @@ def test_the_first_slower_run_is_flagged_against_the_level_before_it(tmp_path):
     assert not report.passed and fp32.verdict is not None and not fp32.verdict.passed
     assert fp32.verdict.name == "history:fp32:iteration_s.median"
     assert "REGRESSION" in fp32.verdict.detail and "best level (runs 1-3)" in fp32.verdict.detail
-    assert fp32.reference == (0, 3)
+    assert fp32.reference == [0, 1, 2]
 
 
 def test_a_regressed_run_before_the_newest_is_no_reference(tmp_path):
@@ -141,7 +142,100 @@ def test_a_regressed_run_before_the_newest_is_no_reference(tmp_path):
     fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
     assert fp32.segmentation.change_points == ()  # two runs: too few to be sure of a change
     assert fp32.verdict is not None and not fp32.verdict.passed
-    assert fp32.reference == (0, 3)  # run 4 was a regression itself when it was the newest
+    assert fp32.reference == [0, 1, 2]  # run 4 was a regression itself when newest
+    assert fp32.regressed == [3]
+
+
+def write_step(folder: Path, before: int, after: int) -> list[Path]:
+    """`before` runs on one level, then `after` runs 10% worse: iteration time and wire bytes
+    (byte counts that agree to 0.01 MB within a level, as real runs' do)."""
+    return [save(make_document(0.7 if n <= before else 0.77, n, trained=("fp32",),
+                               wire=(140.70e6 if n <= before else 154.76e6) + 1e4 * (n % 2)),
+                 folder / f"r{n:02d}.json") for n in range(1, before + after + 1)]
+
+
+STEP_METRICS = ("iteration_s.median", "wire_bytes_per_iteration")
+
+
+@pytest.mark.parametrize("worse", [3, 5, 10])
+def test_a_regression_fails_at_every_length_until_it_is_accepted(tmp_path, worse):
+    """The reference never takes in runs that were regressions when they were the newest,
+    however many follow; only a recorded acceptance ends the regression."""
+    paths = write_step(tmp_path, 3, worse)
+    chosen, tolerances = parse_metrics(list(STEP_METRICS), [])
+    for length in range(4, 4 + worse):
+        report = judge_history(load_runs(paths[:length])[0], chosen, tolerances)
+        assert not report.passed, f"{length} runs passed"
+        for history in report.metrics:
+            assert history.verdict is not None and not history.verdict.passed, (
+                length, history.metric, history.verdict.detail)
+            assert history.reference == [0, 1, 2]  # one level: its spread is the runs' own
+            assert history.regressed == list(range(3, length - 1))
+    accepted = CliRunner().invoke(main, ["history", str(tmp_path), "--accept", str(3 + worse),
+                                         *(a for m in STEP_METRICS for a in ("--metric", m))])
+    assert accepted.exit_code == 0, accepted.output
+    assert "accepted" in accepted.output and (tmp_path / ACCEPTED_FILE).is_file()
+    # The next run on the accepted level passes against it; one worse again fails against it.
+    again = judged_after(tmp_path, paths, 0.77, 154.76e6)
+    assert again.passed
+    level = [h.reference for h in again.metrics]
+    assert level == [list(range(3, 3 + worse))] * 2  # the accepted runs are the reference
+    worse_again = judged_after(tmp_path, paths, 0.85, 170e6)
+    assert not worse_again.passed
+
+
+def judged_after(folder: Path, paths: list[Path], level: float, wire: float):
+    number = len(paths) + 1
+    extra = save(make_document(level, number, trained=("fp32",), wire=wire),
+                 folder / "next" / f"r{number:02d}.json")
+    runs, _ = load_runs([*paths, extra])
+    chosen, tolerances = parse_metrics(list(STEP_METRICS), [])
+    return judge_history(runs, chosen, tolerances)
+
+
+def test_a_reported_change_point_bounds_the_reference(tmp_path):
+    report = judge_history(load_runs(write_step(tmp_path, 3, 10))[0],
+                           *parse_metrics(list(STEP_METRICS), []))
+    for history in report.metrics:
+        assert [p.index for p in history.segmentation.change_points] == [3]
+        assert history.reference == [0, 1, 2]  # never the new level of its own step
+
+
+def test_a_series_too_short_for_a_significant_change_point_says_so(tmp_path):
+    report = judge_history(load_runs(write_step(tmp_path, 3, 3))[0],
+                           *parse_metrics(list(STEP_METRICS), []))
+    assert not report.passed
+    assert all(not h.segmentation.change_points for h in report.metrics)
+    (note,) = [n for n in report.notes if "too few for a change point" in n]
+    assert "6 runs" in note and "is 0.100" in note and "from 8 runs on" in note
+    longer = judge_history(load_runs(write_step(tmp_path, 3, 10))[0],
+                           *parse_metrics(list(STEP_METRICS), []))
+    assert not any("too few for a change point" in n for n in longer.notes)
+
+
+def test_the_smallest_attainable_p_of_the_permutation_test():
+    assert smallest_p_value(3) == 1.0  # no two segments of two runs
+    assert smallest_p_value(6) == pytest.approx(0.1)  # 2 of C(6, 3) = 20 placements
+    assert smallest_p_value(8) == pytest.approx(2 / 70)
+    assert smallest_p_value(40) == pytest.approx(1 / 200)  # the shuffles' resolution
+    assert runs_to_reach(0.05) == 8
+    # A clean step at 6 runs is as good as its mirror: p is about 0.1, never significant.
+    found = segment([1.0, 1.0, 1.0, 1.1, 1.1, 1.1], alpha=0.2)
+    assert found.change_points and found.change_points[0].p_value > 0.05
+
+
+def test_accept_names_a_run_and_a_broken_marker_names_its_line(tmp_path):
+    write_step(tmp_path, 3, 1)
+    runner = CliRunner()
+    missing = runner.invoke(main, ["history", str(tmp_path), "--accept", "9"])
+    assert missing.exit_code == 2 and "--accept 9: no such run" in missing.output
+    by_file = runner.invoke(main, ["history", str(tmp_path), "--accept", "r04.json",
+                                   "--metric", "wire_bytes_per_iteration"])
+    assert by_file.exit_code == 0, by_file.output
+    assert '"run": "r04.json"' in (tmp_path / ACCEPTED_FILE).read_text()
+    (tmp_path / ACCEPTED_FILE).write_text("not json\n")
+    broken = runner.invoke(main, ["history", str(tmp_path)])
+    assert broken.exit_code == 2 and f"{ACCEPTED_FILE}, line 1" in broken.output
 
 
 def test_too_few_runs_on_the_best_level_are_not_judged_yet(tmp_path):
@@ -293,6 +387,7 @@ def test_history_command_exits_1_on_a_regression_and_writes_json_and_summary(
                                        "--json", str(tmp_path / "h.json")])
     assert result.exit_code == 1, result.output
     assert "FAILED" in result.output and "REGRESSION" in result.output
+    assert "--accept 4` records that" in result.output  # what ends a regression
     data = json.loads((tmp_path / "h.json").read_text())
     assert data["passed"] is False and data["series"][0]["reference_runs"] == [1, 2, 3]
     markdown = summary.read_text()
