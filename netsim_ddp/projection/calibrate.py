@@ -17,7 +17,8 @@ regimes the faster one, as NCCL's tuner picks. Around it:
   measurements next to it, never outside its neighbours' times).
 - above the largest size: the top regime's line, t(Smax) + (S - Smax) / B, B its bandwidth
   (the bandwidth plateau when the run reached it).
-- below the smallest size: t(Smin), the latency floor.
+- below the smallest size: the bottom regime's line through t(Smin) (on a run from 8 B, the
+  latency floor).
 
 Its error is reported held out: each size predicted by the curve fitted without it (regimes
 split and fitted again), the only honest number (the curve passes through the measured points,
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from netsim_ddp.projection.nccl_model import Regime, interpolate, segment
+from netsim_ddp.projection.nccl_model import Regime, Topology, interpolate, label, segment
 from netsim_ddp.projection.nccl_tests import NcclParseError, NcclTestRun, parse_file, parse_text
 
 MIB = 2**20
@@ -94,7 +95,9 @@ class Curve:
         inside = np.array([interpolate(self.regimes, self.sizes, self.smoothed_s, x)
                            for x in np.clip(s, low, high)])
         tail = self.smoothed_s[-1] + (s - high) / self.tail_bytes_per_s
-        return np.where(s > high, tail, np.where(s < low, self.smoothed_s[0], inside))
+        bottom = self.regimes[0]  # below: its line through the smallest size
+        head = self.smoothed_s[0] * bottom.time_s(s) / bottom.time_s(low)
+        return np.where(s > high, tail, np.where(s < low, head, inside))
 
     def __call__(self, size: float) -> float:
         return float(self.time_s(size)[0])
@@ -178,6 +181,33 @@ class Calibration:
             "alpha_beta_line": {"alpha_s": alpha, "algbw_bytes_per_s": bandwidth,
                                 "max_abs_error": float(line_errors.max())},
         }
+
+
+def regime_lines(calibration: Calibration) -> list[str]:
+    """The fitted regimes in words: sizes, latency, bus bandwidth, and for an NCCL run the pair
+    NCCL's tuner model picks there (one NIC per GPU at 400 Gbit/s assumed: an estimate,
+    NCCL_ALGO/NCCL_PROTO or a tuner plugin change it)."""
+    curve = calibration.curve
+    nccl = any("NVIDIA" in device.upper() for device in calibration.devices)
+    topology = (Topology(calibration.world_size, calibration.hosts,
+                         float(calibration.gpus_per_host)) if nccl else None)
+    factor = bus_factor(calibration.collective, calibration.world_size)
+    lines = []
+    for regime in label(curve.regimes, curve.sizes, topology):
+        low, high = int(curve.sizes[regime.first]), int(curve.sizes[regime.last])
+        busbw = (f"{factor * regime.algbw_bytes_per_s / 1e9:.1f} GB/s" if regime.seconds_per_byte
+                 > 0 else "latency only")
+        named = f" (NCCL's tuner model: {regime.label})" if regime.label else ""
+        lines.append(f"regime {_size(low)}-{_size(high)}: latency "
+                     f"{regime.latency_s * 1e6:.1f} us, busbw {busbw}{named}")
+    return lines
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
 
 
 def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:

@@ -88,7 +88,7 @@ def reach_notes(cluster: Cluster, gpus: Sequence[int],
     """One line per way the projection to `gpus` leaves what the calibration measured (see the
     module doc); none where it stays inside."""
     cal = cluster.network
-    n0, h0, g0, g = cal.world_size, cal.hosts, cal.gpus_per_host, cluster.gpus_per_server
+    h0, g0, g = cal.hosts, cal.gpus_per_host, cluster.gpus_per_server
     notes: list[str] = []
     if cal.hosts < 2:
         return notes
