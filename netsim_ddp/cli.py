@@ -776,6 +776,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
     from netsim_ddp.projection.calibrate import (
         ERROR_FROM_BYTES,
         CalibrationError,
+        held_out_document,
         load,
         projection_use,
         regime_lines,
@@ -791,7 +792,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
     human = _human(json_out)
     documents = []
     for calibration in found:
-        document = calibration.as_dict()
+        document = held_out_document(calibration)
         documents.append(document)
         table = Table(title=calibration.label, title_justify="left")
         for column in ("size", "measured us", "held-out us", "held-out error"):

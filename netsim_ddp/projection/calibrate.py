@@ -183,6 +183,25 @@ class Calibration:
         }
 
 
+IN_SAMPLE = ("modelled_s", "error")  # per size: the model through the point, ~0 by construction
+
+
+def held_out_document(calibration: Calibration) -> dict[str, Any]:
+    """`Calibration.as_dict` as `calibrate --json` writes it: held-out errors only (the
+    in-sample ones are ~0 by construction and would read as a claim), the regimes added."""
+    document = calibration.as_dict()
+    document.pop("max_abs_error_from_1MiB", None)
+    document["sizes"] = [{k: v for k, v in row.items() if k not in IN_SAMPLE}
+                         for row in document["sizes"]]
+    curve = calibration.curve
+    document["regimes"] = [{"from_size": int(curve.sizes[r.first]),
+                            "to_size": int(curve.sizes[r.last]), "latency_s": r.latency_s,
+                            "algbw_bytes_per_s": (r.algbw_bytes_per_s
+                                                  if r.seconds_per_byte > 0 else None)}
+                           for r in curve.regimes]
+    return document
+
+
 def regime_lines(calibration: Calibration) -> list[str]:
     """The fitted regimes in words: sizes, latency, bus bandwidth, and for an NCCL run the pair
     NCCL's tuner model picks there (one NIC per GPU at 400 Gbit/s assumed: an estimate,
