@@ -3,7 +3,8 @@
 NCCL's tuner (src/graph/tuning.cc, `ncclTopoTuneModel`) gives every (algorithm, protocol) pair a
 latency and a bus bandwidth from the topology, and runs each collective with the pair whose
 time, latency + size / bandwidth, is the smallest. `nccl_prior` reproduces that model for an
-all-reduce with the constants of NCCL 2.19-2.29 (the tables below, copied from tuning.cc):
+all-reduce with the constants of NCCL's tuning.cc as of its 2026 master (commit 5067397c; older
+releases differ in detail, e.g. no PAT, other per-channel caps):
 
 - algorithms: ring, tree (NCCL's double binary tree over servers, a chain inside each) and,
   on NVSwitch servers with NVLink SHARP, NVLS tree; CollNet needs a SHARP-capable network
@@ -48,7 +49,7 @@ import numpy as np
 ALGORITHMS = ("tree", "ring", "nvls_tree")
 PROTOCOLS = ("LL", "LL128", "Simple")
 
-# tuning.cc, ncclTunerConstantsDefaults (NCCL 2.19-2.29), in microseconds: baseLatencies and
+# tuning.cc, ncclTunerConstantsDefaults (master 5067397c), in microseconds: baseLatencies and
 # hwLatencies[NVLINK | NET] for the all-reduce algorithms above, per protocol (LL, LL128, Simple).
 BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls_tree": (0, 0, 0)}
 NVLINK_LATENCY_US = {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls_tree": (0, 0, 25)}
