@@ -18,6 +18,15 @@ row is held to:
 Exit 1 if a row misses its bound. The default rows are NVIDIA/nccl-tests#309's series
 (scenarios/calibrations/nccl-tests-scales/, SOURCES.md there): 8 NICs of 400 Gbit/s per
 server. `--pair` replaces them, with `--nics-per-server` and `--nic-bandwidth` for the servers.
+
+Before the rows, each file's own held-out error (`calibrate.Curve.held_out_s`: each size from
+1 MiB up predicted by NCCL's cost model fitted on the file's other sizes), worst and median, and
+the size it missed worst, on the default files and the shipped 2 x 8 H100 file
+(tests/unit/nccl-tests/a3mega-2x8-h100.txt, held to 10%; the #309 files are reported, not held:
+several zig-zag by 20-60% between neighbouring sizes, which no model of size can follow).
+
+Every series here has 8 GPUs per server: projections across GPUs-per-server counts are not
+checked by any real series yet (said in the output).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netsim_ddp.projection.calibrate import Calibration, load
+from netsim_ddp.projection.calibrate import MIB, Calibration, load
 from netsim_ddp.projection.cluster import Cluster, allreduce_time, load_cluster
 from netsim_ddp.scenario.units import format_size, parse_rate, parse_size
 
@@ -44,7 +53,9 @@ ROWS = (
     ("gjaion-4x8", "gjaion-8x8"),
     ("qoofyk-2x8-baremetal", "qoofyk-4x8-vm"),
 )
-WORST, MEDIAN = 0.15, 0.10
+WORST, MEDIAN = 0.15, 0.08  # issue 35's bounds, from 64 MiB up
+WITHIN = 0.10  # the held-out error within the H100 file, from 1 MiB up
+H100_FILE = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"
 
 
 @dataclass
@@ -146,6 +157,46 @@ def print_table(rows: list[Row], data: Path, from_bytes: int) -> None:
         print(f"\n{flag}")
 
 
+@dataclass
+class Within:
+    path: Path
+    sizes: list[int]
+    errors: list[float]
+    held: bool  # held to WITHIN (the H100 file), else reported only
+
+    @property
+    def worst(self) -> float:
+        return max(self.errors, key=abs)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(abs(e) for e in self.errors)
+
+    @property
+    def passed(self) -> bool:
+        return not self.held or abs(self.worst) <= WITHIN
+
+
+def within(path: Path, held: bool) -> Within:
+    calibration = all_reduce(path)
+    rows = [r for r in calibration.table() if r["size"] >= MIB and r["held_out_error"] is not None]
+    return Within(path, [r["size"] for r in rows], [r["held_out_error"] for r in rows], held)
+
+
+def print_within(found: list[Within]) -> None:
+    print("Held out within each file: each size from 1 MiB up predicted by NCCL's cost model "
+          "fitted on the file's other sizes\n")
+    width = max(len(name(w.path)) for w in found) + 2
+    print(f"{'file':<{width}}{'worst':>9}{'at':>9}{'median':>9}  verdict")
+    for w in found:
+        at = w.sizes[w.errors.index(w.worst)]
+        verdict = (("ok" if w.passed else "MISSED") + f" (<= {WITHIN:.0%})" if w.held
+                   else "reported")
+        print(f"{name(w.path):<{width}}{w.worst:>+9.1%}{format_size(at):>9}{w.median:>9.1%}  "
+              f"{verdict}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA,
@@ -176,16 +227,25 @@ def main() -> None:
                 for cal, target in args.pair]
     else:
         rows = [Row(find(cal), find(target), 8, 400e9) for cal, target in ROWS]
+    files = list(dict.fromkeys([H100_FILE] * (not args.pair)
+                               + [p for row in rows for p in (row.calibration, row.target)]))
+    found = [within(path, path == H100_FILE) for path in files]
+    print_within(found)
     rows = [check(row, from_bytes) for row in rows]
     print_table(rows, args.data, from_bytes)
+    print("\nAcross GPUs-per-server counts: no real series here has servers of another size "
+          "(all 8 GPUs per server), so those projections are unchecked; they say so "
+          "('OUTSIDE THE CALIBRATION', reach.py).")
     if args.json:
         Path(args.json).write_text(json.dumps([{
             "calibration": str(r.calibration), "target": str(r.target),
             "nics_per_server": r.nics_per_server, "nic_bandwidth_bps": r.nic_bandwidth_bps,
             "sizes": r.sizes, "errors": r.errors, "algorithms": r.algorithms,
             "worst": r.worst, "median": r.median, "flags": r.flags, "passed": r.passed}
-            for r in rows], indent=2))
-    sys.exit(0 if all(row.passed for row in rows) else 1)
+            for r in rows] + [{"within": str(w.path), "sizes": w.sizes, "errors": w.errors,
+                               "worst": w.worst, "median": w.median, "held": w.held,
+                               "passed": w.passed} for w in found], indent=2))
+    sys.exit(0 if all(row.passed for row in rows) and all(w.passed for w in found) else 1)
 
 
 if __name__ == "__main__":

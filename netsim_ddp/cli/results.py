@@ -188,16 +188,21 @@ def export(results: str, kind: str, out_file: str) -> None:
               help=NIC_RATE_HELP)
 def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | None,
               nics_per_server: int | None, nic_bandwidth: float | None) -> None:
-    """Fit collective time against message size to nccl-tests output (as printed or pasted,
-    or its -J JSON); print per size the measured and modelled time, the error in sample and
-    held out, and whether a multi-host all_reduce can be extrapolated to more hosts."""
+    """Fit NCCL's cost model (a latency and a bandwidth per algorithm/protocol regime) to
+    nccl-tests output (as printed or pasted, or its -J JSON); print per size the measured time
+    and the held-out error (the model fitted without that size, predicting it), each file
+    predicted from the others when several are given, and whether a multi-host all_reduce can
+    be extrapolated to more hosts."""
     from netsim_ddp.projection.calibrate import (
         ERROR_FROM_BYTES,
         CalibrationError,
+        held_out_document,
         load,
         projection_use,
+        regime_lines,
     )
     from netsim_ddp.projection.cluster import check_network, nics_of
+    from netsim_ddp.projection.file_holdout import file_holdout_lines, leave_one_file_out
     from netsim_ddp.projection.nccl_tests import CALIBRATABLE, NcclParseError
 
     try:
@@ -207,17 +212,16 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
     human = _human(json_out)
     documents = []
     for calibration in found:
-        document = calibration.as_dict()
+        document = held_out_document(calibration)
         documents.append(document)
-        table = calibration_table(calibration.label, document)
-        human.print(table)
+        human.print(calibration_table(calibration.label, document))
+        for line_text in regime_lines(calibration):
+            human.print(line_text)
         line = document["alpha_beta_line"]
-        worst, held = (document["max_abs_error_from_1MiB"],
-                       document["max_abs_held_out_error_from_1MiB"])
-        if worst is not None:
+        held = document["max_abs_held_out_error_from_1MiB"]
+        if any(row["size"] >= ERROR_FROM_BYTES for row in document["sizes"]):
             human.print(f"from {format_size(ERROR_FROM_BYTES)} up: max |held-out error| "
-                        + (f"{held:.1%}" if held is not None else "- (too few sizes)")
-                        + f" (in sample {worst:.1%})")
+                        + (f"{held:.1%}" if held is not None else "- (too few sizes)"))
         human.print(f"busbw plateau {document['busbw_bytes_per_s'] / 1e9:.2f} GB/s; one "
                     f"alpha-beta line (alpha {line['alpha_s'] * 1e6:.1f} us) would miss by up "
                     f"to {line['max_abs_error']:.0%}")
@@ -237,4 +241,12 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
             for note in check.notes:
                 human.print(f"[yellow]note: {escape(note)}[/]")
         human.print(f"[yellow]{escape(projection_use(calibration, CALIBRATABLE))}[/]")
-    _write_json(json_out, {"calibrations": documents})
+    try:
+        held_files = leave_one_file_out(found, nics_per_server=nics_per_server,
+                                        nic_bandwidth_bps=nic_bandwidth)
+    except CalibrationError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    for line_text in file_holdout_lines(held_files):
+        human.print(escape(line_text))
+    _write_json(json_out, {"calibrations": documents,
+                           "leave_one_file_out": [h.as_dict() for h in held_files]})

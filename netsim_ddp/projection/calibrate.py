@@ -4,22 +4,25 @@ projection from it.
 The curve. nccl-tests measures the whole range: latency-bound small messages, the protocol
 changes in the middle (LL -> LL128 -> Simple, tree -> ring), the bandwidth plateau. A single
 alpha-beta line t = a + S/B cannot follow that (it misses the middle several times over; the
-table reports that line's worst error next to the curve's). So the curve is the measurement
-itself, smoothed only where it must be:
+table reports that line's worst error next to the curve's), and an interpolant between the
+measured sizes cannot know where NCCL switches. So the curve is NCCL's own shape
+(`nccl_model`): a sequence of regimes, one per (algorithm, protocol) NCCL ran, each a latency
+and a bandwidth (a line in time against size), split where the measurements say; between two
+regimes the faster one, as NCCL's tuner picks. Around it:
 
-- inside the measured sizes: a monotone cubic (scipy's PchipInterpolator) through log(time)
-  against log(size), after an isotonic regression (scipy.optimize.isotonic_regression) makes
-  time non-decreasing in size: a larger message never takes less time, and noise at the
-  latency floor must not make the curve dip. PCHIP does not overshoot between points, and in
-  log-log space a straight segment is a power law, which is what a curve between protocol
-  regimes looks like.
-- above the largest size: an alpha-beta tail, t(Smax) + (S - Smax) / B, B the slope of time
-  against size over the largest sizes measured (the bandwidth plateau when the run reached it).
-- below the smallest size: t(Smin), the latency floor.
+- the times are first made non-decreasing in size (an isotonic regression,
+  scipy.optimize.isotonic_regression): a larger message never takes less time, and noise at
+  the latency floor must not make the curve dip.
+- inside the measured sizes: `nccl_model.interpolate` (the regime's line, bent through the
+  measurements next to it, never outside its neighbours' times).
+- above the largest size: the top regime's line, t(Smax) + (S - Smax) / B, B its bandwidth
+  (the bandwidth plateau when the run reached it).
+- below the smallest size: the bottom regime's line through t(Smin) (on a run from 8 B, the
+  latency floor).
 
-Its error is reported two ways per size: the curve against the measurement (non-zero only where
-the isotonic step smoothed noise), and held out: the curve fitted without that size, predicting
-it (the honest number: how well the model predicts a size it did not see).
+Its error is reported held out: each size predicted by the curve fitted without it (regimes
+split and fitted again), the only honest number (the curve passes through the measured points,
+so its in-sample error says nothing).
 
 The projection from a calibration (the network level, NVLink inside a server, the ring, tree
 and hierarchical all-reduce) is `cluster.py`'s.
@@ -35,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from netsim_ddp.projection.nccl_model import Regime, Topology, interpolate, label, segment
 from netsim_ddp.projection.nccl_tests import NcclParseError, NcclTestRun, parse_file, parse_text
 
 MIB = 2**20
 ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are reported too
-TAIL_POINTS = 4  # the largest sizes whose slope extrapolates beyond the measured range
 # NCCL's tree all-reduce (its NVLS tree, src/graph/tuning.cc): a double binary tree over h
 # servers moves 2(h-1)/h x S through each server's NICs (S on 2 servers, where a ring moves
 # 2(n-1)/n x S), at 0.7 of the rate a ring gets from them: algbw = 0.7 x h/(2(h-1)) x busbw.
@@ -67,10 +70,10 @@ class Curve:
     sizes: np.ndarray
     measured_s: np.ndarray
     smoothed_s: np.ndarray = field(init=False)
+    regimes: list[Regime] = field(init=False)
     tail_bytes_per_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        from scipy.interpolate import PchipInterpolator
         from scipy.optimize import isotonic_regression
 
         order = np.argsort(self.sizes)
@@ -79,21 +82,22 @@ class Curve:
         if len(self.sizes) < 3:
             raise CalibrationError(f"{len(self.sizes)} sizes measured: a curve needs 3 or more "
                                    "(run nccl-tests with -b 8 -e 8G -f 2)")
-        log_t = isotonic_regression(np.log(self.measured_s)).x
-        self.smoothed_s = np.exp(log_t)
-        self._pchip = PchipInterpolator(np.log(self.sizes), log_t, extrapolate=False)
-        top = slice(-min(TAIL_POINTS, len(self.sizes)), None)
-        slope = np.polyfit(self.sizes[top], self.smoothed_s[top], 1)[0]
-        # A flat or falling tail (noise at the top) extrapolates at the largest size's algbw.
-        self.tail_bytes_per_s = float(1 / slope if slope > 0
+        self.smoothed_s = np.exp(isotonic_regression(np.log(self.measured_s)).x)
+        self.regimes = segment(self.sizes, self.smoothed_s)
+        top = self.regimes[-1]
+        # A flat top regime (noise at the top) extrapolates at the largest size's algbw.
+        self.tail_bytes_per_s = float(top.algbw_bytes_per_s if top.seconds_per_byte > 0
                                       else self.sizes[-1] / self.smoothed_s[-1])
 
     def time_s(self, size: float | np.ndarray) -> np.ndarray:
         s = np.atleast_1d(np.asarray(size, dtype=float))
         low, high = self.sizes[0], self.sizes[-1]
-        inside = np.exp(self._pchip(np.log(np.clip(s, low, high))))
+        inside = np.array([interpolate(self.regimes, self.sizes, self.smoothed_s, x)
+                           for x in np.clip(s, low, high)])
         tail = self.smoothed_s[-1] + (s - high) / self.tail_bytes_per_s
-        return np.where(s > high, tail, np.where(s < low, self.smoothed_s[0], inside))
+        bottom = self.regimes[0]  # below: its line through the smallest size
+        head = self.smoothed_s[0] * bottom.time_s(s) / bottom.time_s(low)
+        return np.where(s > high, tail, np.where(s < low, head, inside))
 
     def __call__(self, size: float) -> float:
         return float(self.time_s(size)[0])
@@ -164,7 +168,9 @@ class Calibration:
             "collective": self.collective, "world_size": self.world_size, "hosts": self.hosts,
             "gpus_per_host": self.gpus_per_host, "devices": self.devices,
             "sources": self.sources,
-            "method": "isotonic + PCHIP in log-log, alpha-beta tail above the largest size",
+            "method": ("NCCL-shaped regimes (one latency + bandwidth line per algorithm/protocol "
+                       "NCCL ran, the faster at a switch), isotonic first, the top regime's "
+                       "line above the largest size"),
             "busbw_bytes_per_s": self.busbw_bytes_per_s,
             "tail_algbw_bytes_per_s": self.curve.tail_bytes_per_s,
             "sizes": rows,
@@ -175,6 +181,52 @@ class Calibration:
             "alpha_beta_line": {"alpha_s": alpha, "algbw_bytes_per_s": bandwidth,
                                 "max_abs_error": float(line_errors.max())},
         }
+
+
+IN_SAMPLE = ("modelled_s", "error")  # per size: the model through the point, ~0 by construction
+
+
+def held_out_document(calibration: Calibration) -> dict[str, Any]:
+    """`Calibration.as_dict` as `calibrate --json` writes it: held-out errors only (the
+    in-sample ones are ~0 by construction and would read as a claim), the regimes added."""
+    document = calibration.as_dict()
+    document.pop("max_abs_error_from_1MiB", None)
+    document["sizes"] = [{k: v for k, v in row.items() if k not in IN_SAMPLE}
+                         for row in document["sizes"]]
+    curve = calibration.curve
+    document["regimes"] = [{"from_size": int(curve.sizes[r.first]),
+                            "to_size": int(curve.sizes[r.last]), "latency_s": r.latency_s,
+                            "algbw_bytes_per_s": (r.algbw_bytes_per_s
+                                                  if r.seconds_per_byte > 0 else None)}
+                           for r in curve.regimes]
+    return document
+
+
+def regime_lines(calibration: Calibration) -> list[str]:
+    """The fitted regimes in words: sizes, latency, bus bandwidth, and for an NCCL run the pair
+    NCCL's tuner model picks there (one NIC per GPU at 400 Gbit/s assumed: an estimate,
+    NCCL_ALGO/NCCL_PROTO or a tuner plugin change it)."""
+    curve = calibration.curve
+    nccl = any("NVIDIA" in device.upper() for device in calibration.devices)
+    topology = (Topology(calibration.world_size, calibration.hosts,
+                         float(calibration.gpus_per_host)) if nccl else None)
+    factor = bus_factor(calibration.collective, calibration.world_size)
+    lines = []
+    for regime in label(curve.regimes, curve.sizes, topology):
+        low, high = int(curve.sizes[regime.first]), int(curve.sizes[regime.last])
+        busbw = (f"{factor * regime.algbw_bytes_per_s / 1e9:.1f} GB/s" if regime.seconds_per_byte
+                 > 0 else "latency only")
+        named = f" (NCCL's tuner model: {regime.label})" if regime.label else ""
+        lines.append(f"regime {_size(low)}-{_size(high)}: latency "
+                     f"{regime.latency_s * 1e6:.1f} us, busbw {busbw}{named}")
+    return lines
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
 
 
 def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:

@@ -80,6 +80,7 @@ from netsim_ddp.projection.calibrate import (
     load,
 )
 from netsim_ddp.projection.costmodel import CALIBRATED_LABEL, CostModel, Projection
+from netsim_ddp.projection.reach import reach_notes
 
 
 @dataclass(frozen=True)
@@ -599,7 +600,9 @@ def calibrated_projection(cluster: Cluster | Calibration, model: CostModel, *,
                       rows=rows,  # type: ignore[arg-type]
                       label=CALIBRATED_LABEL, alpha_source=f"from {cluster.network.label}",
                       calibration={**cluster.network.as_dict(), "cluster": cluster.as_dict()},
-                      notes=cluster.describe())
+                      notes=[*cluster.describe(), *reach_notes(
+                          cluster, gpus, [total / max(1, int(buckets[mode]))
+                                          for mode, total in bytes_per_rank.items()])])
 
 
 def reproject(projection: ProjectionRecord, cluster: Cluster | Calibration) -> ProjectionRecord:

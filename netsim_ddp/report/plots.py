@@ -510,11 +510,12 @@ def _sweep_section(doc: _Doc, sweep: SweepRecord, out: Path) -> None:
 def _calibration_table(doc: _Doc, calibration: CalibrationRecord) -> None:
     doc.para(f"Calibration: {calibration.collective} on {calibration.world_size} GPUs "
              f"({calibration.hosts} hosts), {', '.join(calibration.sources)}; "
-             f"{calibration.method}. Per size, measured and modelled time, and the error of "
-             "the curve fitted without that size (held out).")
-    doc.table(["size B", "measured us", "modelled us", "error", "held-out error"],
-              [[str(r.size), f"{r.measured_s * 1e6:.1f}", f"{r.modelled_s * 1e6:.1f}",
-                f"{r.error:+.1%}",
+             f"{calibration.method}. Per size, the measured time and the curve fitted "
+             "without that size, predicting it (held out; fitted with it, the curve passes "
+             "through the measurement).")
+    doc.table(["size B", "measured us", "held-out us", "held-out error"],
+              [[str(r.size), f"{r.measured_s * 1e6:.1f}",
+                "-" if r.held_out_s is None else f"{r.held_out_s * 1e6:.1f}",
                 "-" if r.held_out_error is None else f"{r.held_out_error:+.1%}"]
                for r in calibration.sizes])
 
