@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from netsim_ddp.scenario.tcp import TCP_CLOCKS, TcpConfig, dilated_clock, rto_min_s
+from netsim_ddp.scenario.tcp import (
+    TCP_CLOCKS,
+    TcpConfig,
+    congestion_control,
+    dilated_clock,
+    rto_min_s,
+)
 
 from .errors import FabricError
 
@@ -38,8 +44,8 @@ def namespace_sysctls(tcp: TcpConfig, k: float) -> dict[str, str]:
         settings.update({clock.sysctl: str(dilated_clock(clock, k)) for clock in TCP_CLOCKS})
     if tcp.slow_start_after_idle is not None:
         settings["tcp_slow_start_after_idle"] = str(int(tcp.slow_start_after_idle))
-    if tcp.congestion_control is not None:
-        settings["tcp_congestion_control"] = tcp.congestion_control
+    if (algorithm := congestion_control(tcp, k)) is not None:
+        settings["tcp_congestion_control"] = algorithm
     return settings
 
 
@@ -85,8 +91,8 @@ def route_metrics(tcp: TcpConfig, k: float, on_route: list[str]) -> dict[str, in
     if RTO_MIN_SYSCTL in on_route:
         metrics["rto_min"] = max(1, round(rto_min_us(tcp, k) / 1000))  # ms on a route
         metrics["lock"] = RTAX_LOCK_RTO_MIN
-    if "tcp_congestion_control" in on_route and tcp.congestion_control is not None:
-        metrics["cc_algo"] = tcp.congestion_control
+    if "tcp_congestion_control" in on_route and (algorithm := congestion_control(tcp, k)):
+        metrics["cc_algo"] = algorithm
     if tcp.quickack is not None:
         metrics["quickack"] = int(tcp.quickack)
     return metrics

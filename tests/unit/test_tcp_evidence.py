@@ -51,6 +51,10 @@ def test_dilation_multiplies_every_clock_and_the_target_rto():
                         "tcp_comp_sack_slack_ns": "4000000", "tcp_tso_rtt_log": "14",
                         "tcp_slow_start_after_idle": "0", "tcp_congestion_control": "cubic"}
     assert tcp_clocks.namespace_sysctls(TcpConfig(), 1000.0)["tcp_min_rtt_wlen"] == "86400"
+    # unset under dilation: Linux's cubic, not the host's own default (BBR here)
+    assert tcp_clocks.namespace_sysctls(TcpConfig(), 40.0)["tcp_congestion_control"] == "cubic"
+    assert tcp_clocks.namespace_sysctls(TcpConfig(congestion_control="bbr"), 40.0)[
+        "tcp_congestion_control"] == "bbr"
 
 
 def test_route_metrics_lock_the_rto_by_hand():
