@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GROW_MODULE = "nsd_history_grow"
 GROW_FACTORY = """import os
 
-from netsim_ddp.workload.models import build_mlp
+from netsim_ddp.workload.ranks.models import build_mlp
 
 
 def build(params):

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The TOML table each model is written as (the schema's $defs are named after the classes).
 TABLES = {
     "Scenario": "top level", "Topology": "[topology]", "LinkConfig": "[link]",
-    "LinkOverride": "[[link.override]]", "LinkChange": "[[link.schedule]]",
+    "TcpConfig": "[link.tcp]", "LinkOverride": "[[link.override]]",
+    "LinkChange": "[[link.schedule]]",
     "BackgroundFlow": "[[background]]", "FidelityConfig": "[fidelity]",
     "WorkloadConfig": "[workload]", "Variant": "[[workload.variant]]", "SweepConfig": "[sweep]",
     "ProjectionConfig": "[sweep.projection]", "Expectation": "[[expect]]",

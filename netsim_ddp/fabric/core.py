@@ -28,7 +28,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from netsim_ddp.scenario.spec import Scenario
 
-from . import delayline, naming, netns, privilege
+from . import delayline, naming, netns, privilege, tcp_clocks
 from .capabilities import probe_capabilities
 from .delayline.health import ForwarderMonitor
 from .errors import FabricError
@@ -89,8 +89,10 @@ class Node:
 class Fabric:
     """Context manager that builds `scenario`'s network and removes it on exit."""
 
-    def __init__(self, scenario: Scenario, *, run_id: str | None = None):
+    def __init__(self, scenario: Scenario, *, run_id: str | None = None, dilation: float = 1.0):
         self.scenario = scenario
+        self.dilation = dilation  # k of a scale model: the nodes' TCP clocks run k times slower
+        self.tcp_settings: dict[str, dict[str, str | int]] = {}  # per node, read back
         self.run_id = run_id or naming.new_run_id()
         self.plan: FabricPlan | None = None
         self.nodes: list[Node] = []
@@ -125,6 +127,7 @@ class Fabric:
             self._build_switch(plan)
             for node in plan.nodes:
                 self._build_node(plan, node)
+                self._set_tcp(node)
             for node in plan.nodes:
                 if node.delay_backend == "delay-line":
                     self._start_delay_line(stack, node, rt_priority=10 if mode == "root" else 0)
@@ -211,6 +214,17 @@ class Fabric:
         _apply_qdiscs(ipr, ETH0_INDEX, node.egress)
         ipr.link("set", index=ETH0_INDEX, state="up")
         ipr.link("set", index=LOOPBACK_INDEX, state="up")
+
+    def _set_tcp(self, node: NodePlan) -> None:
+        """[link.tcp] and the kernel's TCP clocks, dilated by k, in the node's namespace
+        before anything there opens a socket; what the kernel then holds is recorded."""
+        tcp = self.scenario.link.tcp
+        ipr = self._iproutes[node.netns]
+        with netns.entered(node.netns):
+            on_route = tcp_clocks.write_sysctls(tcp_clocks.namespace_sysctls(tcp, self.dilation))
+            tcp_clocks.set_route_metrics(ipr, ETH0_INDEX, tcp_clocks.route_metrics(
+                tcp, self.dilation, on_route))
+            self.tcp_settings[node.name] = tcp_clocks.read_settings(ipr, ETH0_INDEX)
 
     def _start_delay_line(self, stack: contextlib.ExitStack, node: NodePlan,
                           rt_priority: int) -> None:

@@ -95,6 +95,18 @@ class LinkBytesRecord(Record):
     window_s: float
 
 
+class TcpCountersRecord(Record):
+    """What the kernel's TCP did in one node's namespace during a mode's measured window:
+    the growth of each counter of fabric.tcp_counters.COUNTERS (RetransSegs, TCPTimeouts, ...:
+    the kernel's names), read by the node's local rank 0 at the window's edges. The node's
+    background flows count too. A counter the kernel lacks is absent."""
+
+    rank: int
+    hostname: str | None = None
+    node_rank: int | None = None  # the scenario's node (None: not recorded by the ranks)
+    counters: dict[str, int]
+
+
 class ScriptRecord(Record):
     """A user's script's run: command, variant, what the harness saw of it."""
 
@@ -139,6 +151,7 @@ class ModeRecord(Record):
     skipped_steps: int = 0
     profiler_allreduce_s: list[float] | None = None
     link_bytes: list[LinkBytesRecord] = Field(default_factory=list)
+    tcp_counters: list[TcpCountersRecord] | None = None  # None: not read (older results)
     script: ScriptRecord | None = None  # how a user's script ran (its variant)
 
     @model_validator(mode="after")
@@ -191,6 +204,10 @@ class NetworkRecord(Record):
 
     delay_backends: dict[str, str | None] = Field(default_factory=dict)
     delay_line: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Per node, the TCP settings its namespace held, read back from the kernel after the
+    # fabric wrote [link.tcp] dilated by k (fabric.tcp_clocks.RECORDED; "route:RTAX_..." the
+    # metrics on its routes).
+    tcp: dict[str, dict[str, str | int]] = Field(default_factory=dict)
 
 
 class LinkChangeRecord(Record):
@@ -549,6 +566,6 @@ __all__ = [
     "NetworkRecord", "PlacementRecord", "PointModeRecord", "ProjectionRecord", "ProjectionRow",
     "Record", "ResultsDocument", "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries",
     "StepPointRecord", "StragglerRow", "StragglerSummary", "SummaryRecord", "SweepPointRecord",
-    "SweepRecord", "TransportRecord", "content_digest", "load_document", "machine_warning",
-    "parse_document", "save", "utc_now",
+    "SweepRecord", "TcpCountersRecord", "TransportRecord", "content_digest", "load_document",
+    "machine_warning", "parse_document", "save", "utc_now",
 ]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
+from netsim_ddp.measure.tcp_evidence import tcp_counters
 from netsim_ddp.workload.launcher.results import ModeResult
 
 
@@ -137,6 +138,7 @@ class ModeReport:
             "skipped_steps": sum(rank.skipped_steps for rank in r.ranks),
             "profiler_allreduce_s": r.profiler_allreduce_s,
             "link_bytes": link_bytes(r),
+            "tcp_counters": tcp_counters(r),
             "dilation": r.dilation, "compute_source": r.compute_source, "host_s": r.host_s,
             "replay_late_s": replay_late_s(r),
         }, strict=False)

@@ -35,6 +35,7 @@ from netsim_ddp.measure.document import (
 from netsim_ddp.projection.costmodel import PROJECTION_LABEL, CostModel, StepPoint
 from netsim_ddp.report.figures import fit_title, mode_color, pyplot
 from netsim_ddp.report.tables import projection_cell, straggler_cell
+from netsim_ddp.report.tcp_view import TCP_HEADER, tcp_rows, tcp_settings_line
 from netsim_ddp.report.timeline import CHECK_HEADER, check_rows, has_timeline, plot_timeline
 from netsim_ddp.scenario.spec import Scenario
 
@@ -403,6 +404,11 @@ def _report(document: ResultsDocument, results_json_path: str | Path,
         if not entry.modes:
             continue
         doc.table(MODE_HEADER, _mode_rows(entry))
+        if rows := tcp_rows(entry):  # the kernel's own evidence of loss, per mode and node
+            doc.heading(f"TCP in {entry.name}'s measured windows (kernel counters)", 3)
+            doc.table(TCP_HEADER, rows)
+        if settings := tcp_settings_line(entry):
+            doc.para(settings)
         name = f"jitter-{_slug(entry.name)}.png"
         plot_jitter(entry, out / name)
         doc.image(name, f"{entry.name}: iteration and comm time distributions")

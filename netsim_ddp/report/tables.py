@@ -6,7 +6,9 @@ from rich import box
 from rich.table import Table
 
 from netsim_ddp.measure.document import ProjectionRecord, ProjectionRow, StragglerSummary
+from netsim_ddp.measure.tcp_evidence import tcp_counters
 from netsim_ddp.precision.modes import REFERENCE_MODE
+from netsim_ddp.report.tcp_view import loss_cell
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
@@ -52,6 +54,11 @@ def mode_table(report: ScenarioReport) -> Table:
     if report.notice:  # a scale model says so, in one line, in every table
         table.title = f"{title}\n{report.notice}" + (
             f" [{report.dilation_chosen}]" if report.dilation_chosen else "")
+    loss = {name: loss_cell(tcp_counters(mode.result)) for name, mode in report.modes.items()}
+    if any(loss.values()):  # the kernel's evidence of loss: a column only when there is some
+        table.add_column("tcp loss", justify="right", no_wrap=True)
+        table.caption += ("; tcp loss: all nodes' retransmitted segments (retx), timeouts "
+                          "(rto), spurious RTOs (spur), loss probes (tlp) in the window")
     reference = (next(iter(report.modes.values()), None) if workload.is_script
                  else report.modes.get(REFERENCE_MODE))
     for name, mode in report.modes.items():
@@ -70,6 +77,7 @@ def mode_table(report: ScenarioReport) -> Table:
             f"{ratio:.2f}" if ratio is not None else "-",
             _ratio(mode.busbw_bps / mode.link_bps if mode.busbw_bps is not None else None),
             straggler_cell(mode.straggler_summary()),
+            *([loss[name] or "-"] if any(loss.values()) else []),
         )
     return table
 

@@ -78,6 +78,10 @@ def validate(options: HostOptions) -> None:
     if scenario.link.schedule:
         raise HostConfigError(f"{where}: link.schedule: links that change mid-run need the "
                               "harness's own switch; run the scenario with `netsim-ddp run`")
+    if scenario.link.tcp.model_fields_set:  # fabric.tcp_clocks sets emulated nodes only
+        raise HostConfigError(f"{where}: link.tcp: sets the emulated nodes' TCP; a real host's "
+                              "TCP is its own (net.ipv4 sysctls): remove it, or run the "
+                              "scenario with `netsim-ddp run`")
 
 
 def host_placement(options: HostOptions, inventory: GpuInventory | None = None,

@@ -49,6 +49,7 @@ from netsim_ddp.verdicts.run_checks import (
 )
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
+from netsim_ddp.verdicts.tcp_checks import tcp_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
 from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
 from netsim_ddp.workload.launcher.window import NODE_ENV
@@ -110,7 +111,7 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     if placement.refused:  # before any network is built: this host cannot run it
         return ScenarioReport(scenario, placement=placement, refused=placement.refused)
     workload = workload.model_copy(update={"backend": placement.backend})
-    fabric = Fabric(host)
+    fabric = Fabric(host, dilation=dilation)
     out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
     report = ScenarioReport(scenario, out_dir=out, placement=placement,
                             host_scenario=host if dilation != 1 else None, dilation=dilation)
@@ -157,6 +158,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(replay_checks(report))
+    report.checks.extend(tcp_checks(report))
     report.checks.extend(background_checks(host.background, background, results))
     if not script:  # a script's variants are names: no mode's wire dtype or all-reduce to hold
         report.checks.extend(wire_ratio_checks(report.modes))  # them to (see docs/scripts.md)
@@ -196,6 +198,7 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
     with fabric:
         report.run_id = fabric.run_id
         report.delay_backends = fabric.delay_backends
+        report.tcp_settings = fabric.tcp_settings
         if on_built is not None:
             on_built(fabric)
         placement = report.placement or place(workload, scenario.topology)

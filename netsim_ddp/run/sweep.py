@@ -378,6 +378,7 @@ def _run_point(scenario: Scenario, runner: RunScenario, **kwargs: Any) -> Scenar
         merged.modes.update(part.modes)
         merged.checks.extend(part.checks)
         merged.delay_backends.update(part.delay_backends)
+        merged.tcp_settings.update(part.tcp_settings)
     return merged
 
 

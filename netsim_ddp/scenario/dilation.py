@@ -8,6 +8,10 @@ ranks get k in their RankSpec). Times measured in the dilated world are divided 
 anything reports or judges them (measure.dilation), so they are the target's.
 
 Byte counts do not change: a dilated run puts exactly the target's bytes on the wire.
+
+`link.tcp` stays in the target's units: the fabric, given k, dilates the kernel's TCP clocks in
+every node (fabric.tcp_clocks), and refuses a k whose minimum RTO the kernel's RTO cap cannot
+hold (scenario.tcp.rto_bound_problem).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
+from netsim_ddp.scenario.tcp import rto_bound_problem
 from netsim_ddp.scenario.units import parse_duration, parse_rate
 
 _RATES = ("rate",)
@@ -36,6 +41,9 @@ def dilated(scenario: Scenario, k: float) -> Scenario:
     (a delay x k beyond what the delay line holds, a rate / k below tbf's least)."""
     if k < 1:
         raise ValueError(f"dilation {k} < 1")
+    bound = rto_bound_problem(scenario.link.tcp, k)
+    if bound is not None:  # the kernel's TCP clocks cannot follow (see scenario.tcp)
+        raise ScenarioError(scenario.path, "emulation.dilation", bound)
     data = scenario.model_dump(mode="json", exclude_none=True)
     data.pop("emulation", None)
     data.pop("sweep", None)

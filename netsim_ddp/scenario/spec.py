@@ -31,6 +31,7 @@ from pydantic import (
 from netsim_ddp.scenario import units
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE, Expectation
 from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.tcp import TcpConfig, rto_bound_problem
 from netsim_ddp.scenario.units import ETHERNET_HEADER
 from netsim_ddp.scenario.workload import WorkloadConfig
 
@@ -190,6 +191,8 @@ class LinkConfig(LinkShape):
     schedule: list[LinkChange] = Field(
         default_factory=list, description="Changes to the links during each measured window, "
         "in order of `at`.")
+    tcp: TcpConfig = Field(default_factory=TcpConfig, description="The target's TCP settings "
+                           "in every node (a scale model dilates them by k).")
 
 
 class EffectiveLink(_Strict):
@@ -414,6 +417,11 @@ class Scenario(_Strict):
             if link.queue_limit_bytes > MAX_QUEUE_BYTES:
                 raise ValueError(f"{where}.queue_limit: {link.queue_limit_bytes} bytes is more "
                                  f"than tc's queue limit of {MAX_QUEUE_BYTES} bytes")
+        dilation = self.emulation.dilation
+        bound = rto_bound_problem(self.link.tcp, float(dilation) if dilation != "auto"
+                                  else self.emulation.max_dilation)
+        if bound is not None:
+            raise ValueError(f"emulation.{'max_' if dilation == 'auto' else ''}dilation: {bound}")
         if self.sweep is not None:
             if self.workload is not None and self.workload.is_script:
                 raise ValueError("sweep: fits the built-in loop's cost model; a workload with a "

@@ -30,6 +30,7 @@ class ScenarioReport:
     checks: list[Verdict] = field(default_factory=list)
     delay_backends: dict[str, str | None] = field(default_factory=dict)
     delay_line_stats: dict[str, dict[str, object]] = field(default_factory=dict)
+    tcp_settings: dict[str, dict[str, str | int]] = field(default_factory=dict)  # kernel-read
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
     link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
     hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
@@ -78,7 +79,7 @@ class ScenarioReport:
             "fidelity": self.fidelity.to_record() if self.fidelity else None,
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
-                        "delay_line": self.delay_line_stats},
+                        "delay_line": self.delay_line_stats, "tcp": self.tcp_settings},
             "link_schedule": ([{"mode": w.mode, "start_monotonic": w.start_monotonic,
                                 "end_monotonic": w.end_monotonic,
                                 "changes": [c.as_dict() for c in w.changes]}

@@ -35,6 +35,8 @@ def test_what_multi_host_does_not_run_yet_is_refused_by_name():
             {"at": "1s", "node": "n1", "rate": "100mbit"}]}))
     with pytest.raises(HostConfigError, match="workload: required"):
         validate(options(workload=None))
+    with pytest.raises(HostConfigError, match="link.tcp: sets the emulated nodes' TCP"):
+        validate(options(link={"rate": "1gbit", "tcp": {"rto_min": "5ms"}}))
 
 
 def test_every_host_must_be_given_the_same_run():

@@ -72,7 +72,8 @@ class RankSamples(BaseModel):
     link_marks: list[dict[str, float]] | None = Field(
         default=None,
         description="In an emulated node, local rank 0's link counters at the start and end "
-        "of the measured window (monotonic_s, sent_bytes, sent_packets).",
+        "of the measured window (monotonic_s, sent_bytes, sent_packets), with the node's TCP "
+        "counters as tcp.NAME (fabric.tcp_counters).",
     )
     started_monotonic: list[float] | None = Field(
         default=None, description="When each synced step started (CLOCK_MONOTONIC, seconds).")

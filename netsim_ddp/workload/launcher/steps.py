@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
+from netsim_ddp.fabric.tcp_counters import tcp_mark
 
 SPEC_ENV = "NETSIM_DDP_SCRIPT_SPEC"  # the ScriptSpec file the entry module reads
 OPTIMIZER, MARKER = "optimizer", "marker"
@@ -213,7 +214,7 @@ class StepRecorder:
         if mark is not None:
             self.record.link_marks = [*(self.record.link_marks or []), {
                 "monotonic_s": mark.monotonic_s, "sent_bytes": mark.sent_bytes,
-                "sent_packets": mark.sent_packets}]
+                "sent_packets": mark.sent_packets, **tcp_mark()}]
         self.edges.signal(name)
         return mark
 

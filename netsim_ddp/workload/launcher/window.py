@@ -39,11 +39,12 @@ def measured_window(
         barrier()
         if measure_link:
             from netsim_ddp.fabric.own_link import mark_own_link
+            from netsim_ddp.fabric.tcp_counters import tcp_mark
 
             mark = mark_own_link()
-            if mark is not None:
+            if mark is not None:  # with the node's TCP counters (measure.tcp_evidence)
                 marks.append({"monotonic_s": mark.monotonic_s, "sent_bytes": mark.sent_bytes,
-                              "sent_packets": mark.sent_packets})
+                              "sent_packets": mark.sent_packets, **tcp_mark()})
         if signals and local_rank == 0:
             signal_file(signals, name, mode).touch()
 
