@@ -34,7 +34,8 @@ def needs_fabric(capabilities, lacks_fabric):
 @pytest.fixture(scope="session")
 def unprivileged():
     """Commands run as an unprivileged user (`nobody`) with a venv it can run: see
-    tests/unprivileged.py. Skips, saying why, where this session cannot drop to such a user."""
+    tests/unprivileged.py. Skips where this session is not root; where root cannot drop to such
+    a user, lacks_fabric: a skip, or a failure under NETSIM_DDP_REQUIRE_FABRIC."""
     from unprivileged import unprivileged_user
 
     with unprivileged_user() as user:

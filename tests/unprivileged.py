@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from bounded_run import run_bounded
 
+from netsim_ddp.plugin import lacks_fabric
+
 ROOT = Path(__file__).resolve().parents[1]
 USER = "nobody"
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -81,6 +83,9 @@ class UnprivilegedUser:
 
 
 def _skip_unless_possible() -> None:
+    """A session that is not root skips (it tests rootless by running at all); a root one
+    that cannot drop to USER lacks what the rootless tests need: a skip, or a failure under
+    NETSIM_DDP_REQUIRE_FABRIC (the plugin's lacks_fabric), so CI cannot skip them green."""
     from netsim_ddp.fabric import privilege
 
     if not privilege.host_root():
@@ -88,11 +93,11 @@ def _skip_unless_possible() -> None:
                     "tests rootless by running at all)")
     missing = [tool for tool in ("setpriv", "unshare", "mount", "sh") if not shutil.which(tool)]
     if missing:
-        pytest.skip(f"needs util-linux's {', '.join(missing)} to run commands as {USER}")
+        lacks_fabric(f"needs util-linux's {', '.join(missing)} to run commands as {USER}")
     try:
         pwd.getpwnam(USER)
     except KeyError:
-        pytest.skip(f"this host has no user {USER!r}")
+        lacks_fabric(f"this host has no user {USER!r}")
 
 
 def _user_python(user: UnprivilegedUser) -> str:
@@ -107,8 +112,9 @@ def _user_python(user: UnprivilegedUser) -> str:
         if answer.returncode == 0 and answer.stdout.strip() == VERSION:
             return candidate
         tried.append(f"{candidate}: {(answer.stderr or answer.stdout).strip()[-200:]}")
-    pytest.skip(f"no Python {VERSION} that {USER} can run ({'; '.join(tried) or 'none found'}): "
-                f"install python{VERSION} system-wide")
+    lacks_fabric(f"no Python {VERSION} that {USER} can run ({'; '.join(tried) or 'none found'}): "
+                 f"install python{VERSION} system-wide")
+    raise AssertionError("unreachable: lacks_fabric skips or fails")  # for mypy and readers
 
 
 @contextmanager
@@ -125,8 +131,8 @@ def unprivileged_user() -> Iterator[UnprivilegedUser]:
             os.chown(folder, user.uid, user.gid)
         refused = user.as_user("unshare", "--user", "--map-root-user", "--net", "true")
         if refused.returncode != 0:
-            pytest.skip(f"this host refuses user namespaces to {USER} "
-                        f"(unshare --user --map-root-user --net: {refused.stderr.strip()})")
+            lacks_fabric(f"this host refuses user namespaces to {USER} "
+                         f"(unshare --user --map-root-user --net: {refused.stderr.strip()})")
         python = _user_python(user)
         subprocess.run([python, "-m", "venv", "--without-pip", str(user.venv)], check=True,
                        capture_output=True)

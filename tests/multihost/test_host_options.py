@@ -39,6 +39,18 @@ def test_what_multi_host_does_not_run_yet_is_refused_by_name():
         validate(options(link={"rate": "1gbit", "tcp": {"rto_min": "5ms"}}))
 
 
+def test_a_time_dilated_scale_model_is_refused_and_replay_alone_runs():
+    # Real NICs run in real time: a dilation k would make every time the agent reports k x
+    # too long (and the cluster's rates k x too high); compute replay needs no dilation.
+    replay = {"layout": "resnet50", "compute": "120ms"}
+    validate(options(workload=replay))
+    with pytest.raises(HostConfigError, match=r"emulation\.dilation: a time-dilated scale "
+                       r"model runs on one host \(`netsim-ddp run`\)"):
+        validate(options(workload=replay, emulation={"dilation": 20}))
+    with pytest.raises(HostConfigError, match=r"emulation\.dilation"):
+        validate(options(emulation={"dilation": "auto"}))
+
+
 def test_every_host_must_be_given_the_same_run():
     assert options().digest() == options().digest()
     assert options().digest() != options(link={"rate": "500mbit"}).digest()

@@ -114,38 +114,66 @@ def group_of_one(tmp_path):
 
 
 def test_backward_never_releases_early_and_fills_real_buckets(group_of_one) -> None:
-    """Each layer's gradient reaches its parameters no earlier than the schedule says (the
-    replay waits for deadlines; being late is measured, never hidden), in reverse layer
-    order, and DDP builds buckets of the layout's real size."""
-    config = WorkloadConfig(layout="generic", params=240_000, compute="60ms",
-                            bucket_size="200KiB")
+    """Each layer's gradient reaches its parameters no earlier than the schedule says, every
+    layer in reverse order; DDP hands the layout's real buckets to the backend, the first while
+    later layers still "compute" (the overlap is the target's); and a release the host makes
+    late is measured, never hidden."""
+    config = WorkloadConfig(layout="generic", params=240_000, compute="100ms",
+                            bucket_size="200KiB")  # 24 layers of 10,000 parameters
     mode = get_mode("fp32")
-    model, clock = build_replay(config, mode, 2.0, 0)
+    k = 2.0
+    model, clock = build_replay(config, mode, k, 0)
+    layers = len(model.layers)
+    assert layers == 24
     ddp = DistributedDataParallel(model, bucket_cap_mb=config.bucket_size / 2**20,
                                   gradient_as_bucket_view=True, init_sync=False)
     ready: dict[int, float] = {}
+    handed: list[tuple[int, int, float]] = []  # (bucket index, bytes, when) per hand-off
+    delay_s: dict[int, float] = {}  # layer -> how long its gradient hook holds the host
 
     def mark(index: int) -> None:
         ready.setdefault(index, time.perf_counter())
+        if index in delay_s:
+            time.sleep(delay_s[index])
+
+    def counting_hook(state, bucket):
+        buffer = bucket.buffer()
+        handed.append((bucket.index(), buffer.numel() * buffer.element_size(),
+                       time.perf_counter()))
+        return dist.all_reduce(buffer, async_op=True).get_future().then(
+            lambda fut: fut.value()[0])
 
     for index, holder in enumerate(model.layers):
         for param in holder.params:
             param.register_post_accumulate_grad_hook(lambda _p, index=index: mark(index))
+    ddp.register_comm_hook(None, counting_hook)
     trainer = ReplayTrainer(ddp, mode, clock)
-    for iteration in range(2):  # DDP rebuilds its buckets after the first step
+    offsets = clock.schedule.release_offsets()
+
+    def step(iteration: int) -> float:
         ready.clear()
+        handed.clear()
         trainer.begin_iteration(iteration)
         started = time.perf_counter()
         trainer.step([(torch.zeros(1), torch.zeros(1))], sync=True)
-    offsets = clock.schedule.release_offsets()
+        return started
+
+    step(0)  # DDP rebuilds its buckets after the first step
+    started = step(1)
+    assert sorted(ready) == list(range(layers))  # every layer released
     for index, at in ready.items():
-        assert at - started >= offsets[index] * 2.0 - 1e-3  # never early (k = 2)
-    order = sorted(ready, key=ready.__getitem__)
-    assert order == sorted(ready, reverse=True)
-    assert trainer.late_s() is not None and trainer.late_s() >= 0
-    bucket_bytes = sum(p.numel() * 4 for p in model.parameters())
-    assert bucket_bytes == 240_000 * 4
-    assert trainer.scheduled_compute_s(1) == pytest.approx(0.06 * 2.0)
+        assert at - started >= offsets[index] * k - 1e-3  # never early
+    assert sorted(ready, key=ready.__getitem__) == list(reversed(range(layers)))
+    # 200 KiB buckets of 40 KB layers: 4 of 6 layers, 960,000 bytes in all, each handed off
+    # once, last layers first; the first before the backward's last release is due
+    assert [(index, size) for index, size, _ in handed] == [(b, 240_000) for b in range(4)]
+    assert handed[0][2] - started < offsets[0] * k
+    assert trainer.scheduled_compute_s(1) == pytest.approx(0.1 * k)
+    # the host held up on purpose: the last layer's hook (released first) sleeps 30 ms past
+    # the next layer's deadline, so that release is at least 30 ms late
+    delay_s[layers - 1] = (offsets[layers - 2] - offsets[layers - 1]) * k + 0.03
+    step(2)
+    assert trainer.late_s() >= 0.03 - 1e-3
 
 
 def test_replay_clock_records_lateness() -> None:
@@ -186,3 +214,24 @@ def test_profile_compute_feeds_the_replay(tmp_path) -> None:
     schedule = replay_schedule(config, get_mode("fp32"), layout, profile)
     assert schedule.compute_s == pytest.approx(profile.compute_s)
     assert config.compute_source == "replay (profile)"
+
+
+def test_a_replay_on_a_cuda_device_is_refused_before_any_cuda_call(group_of_one,
+                                                                    monkeypatch) -> None:
+    """Replay keeps its model on the CPU (zero-page parameters): a rank handed a CUDA device
+    (an NCCL backend) refuses, naming the fix, before it touches CUDA; checked on any host,
+    with every CUDA entry point the rank would use made to fail the test."""
+    from netsim_ddp.workload.rank import run_mode
+
+    def no_cuda(name: str):
+        def called(*args, **kwargs):
+            raise AssertionError(f"torch.cuda.{name} was called before the refusal")
+        return called  # one function per name: torch._dynamo's rules refuse a shared one
+
+    for name in ("is_available", "device_count", "set_device", "synchronize", "Event",
+                 "current_stream", "Stream"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda(name))
+    config = WorkloadConfig(layout="generic", params=2400, compute="10ms", iterations=1)
+    with pytest.raises(RuntimeError, match=r"compute replay keeps its model on the CPU.*"
+                       r"workload\.backend = 'gloo'"):
+        run_mode(config, "fp32", torch.device("cuda", 0), None)

@@ -122,6 +122,22 @@ def test_auto_takes_the_marker_when_it_comes_in_the_warm_up(tmp_path) -> None:
     assert fake.events == ["barrier v/start", "signal start"]
 
 
+def test_optimizers_are_recorded_when_markers_end_the_steps(tmp_path) -> None:
+    """Under steps = "marker" optimizer steps end nothing, but the record still names every
+    optimizer that stepped (the results' script.optimizers), in the order they first did."""
+    fake = Fake()
+    rec = recorder(tmp_path, fake, warmup=1, iterations=2, steps="marker")
+    first, second = object(), Fake()
+    with pytest.raises(MeasuredEnough):
+        for _ in range(3):
+            rec.optimizer_stepped(first)
+            rec.optimizer_stepped(second)  # two optimizers: fine, the marker ends steps
+            rec.marked()
+    assert rec.record.boundaries == 3  # the markers' steps only
+    saved = json.loads(record_path(tmp_path, 0).read_text())
+    assert saved["steps"] == "marker" and saved["optimizers"] == ["object", "Fake"]
+
+
 def test_a_marker_after_the_window_opened_on_optimizer_steps_is_refused(tmp_path) -> None:
     rec = recorder(tmp_path, Fake(), warmup=1, steps="auto")
     rec.optimizer_stepped(rec)  # opens the window at warm-up step 1
