@@ -221,7 +221,7 @@ def test_a_replay_on_a_cuda_device_is_refused_before_any_cuda_call(group_of_one,
     """Replay keeps its model on the CPU (zero-page parameters): a rank handed a CUDA device
     (an NCCL backend) refuses, naming the fix, before it touches CUDA; checked on any host,
     with every CUDA entry point the rank would use made to fail the test."""
-    from netsim_ddp.workload.rank import run_mode
+    from netsim_ddp.workload.ranks.rank import run_mode
 
     def no_cuda(name: str):
         def called(*args, **kwargs):

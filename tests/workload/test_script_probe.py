@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from netsim_ddp.workload.script_rank import DdpProbe, install_ddp_probe
+from netsim_ddp.workload.ranks.script_rank import DdpProbe, install_ddp_probe
 
 WIDTH = 64
 PARAMS = 2 * (WIDTH * WIDTH + WIDTH)  # two Linear layers
