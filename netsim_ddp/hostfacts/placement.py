@@ -74,6 +74,14 @@ def place(workload: WorkloadConfig, topology: Topology, inventory: GpuInventory 
     requested = workload.backend
     if requested == "gloo":
         return Placement(requested, "gloo", inventory or GpuInventory(0))
+    if workload.replayed:  # replay's zero-page model lives on the CPU: no GPU to hand NCCL
+        if requested == "auto":
+            return Placement(requested, "gloo", inventory or GpuInventory(0),
+                             note="compute replay keeps its model on the CPU: gloo")
+        return Placement(requested, "nccl", inventory or GpuInventory(0), refused=(
+            "workload.backend = 'nccl' with compute replay (workload.compute or profile): the "
+            "replayed model stays on the CPU, which NCCL cannot reduce; set backend = 'gloo' "
+            "or 'auto'"))
     inventory = inventory or probe_gpus()
     nodes, per_node = topology.nodes, topology.ranks_per_node
     if not inventory.nccl_usable:

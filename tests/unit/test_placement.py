@@ -20,11 +20,11 @@ EIGHT = GpuInventory(8, ("H100",) * 8, "2.11.0", "12.8", "2.27.7")
 NONE = GpuInventory(0, missing="torch is a CPU-only build (no .../libtorch_cuda.so)")
 
 
-def scenario(nodes=2, ranks=1, backend="nccl", share=False):
+def scenario(nodes=2, ranks=1, backend="nccl", share=False, **workload):
     return Scenario.from_dict({
         "name": "p", "topology": {"nodes": nodes, "ranks_per_node": ranks},
         "link": {"rate": "1gbit"},
-        "workload": {"params": "1M", "backend": backend, "share_gpus": share}})
+        "workload": {"params": "1M", "backend": backend, "share_gpus": share, **workload}})
 
 
 def test_each_rank_gets_its_own_gpu_across_nodes():
@@ -94,6 +94,17 @@ def test_auto_picks_nccl_with_a_gpu_per_rank_and_gloo_gets_no_nccl_env():
     gloo = scenario(backend="gloo")
     placement = place(gloo.workload, gloo.topology, EIGHT, environ={})
     assert placement.node_env("r", ["n0", "n1"], environ={}) == [{}, {}]
+
+
+def test_compute_replay_takes_gloo_on_a_gpu_host_and_refuses_nccl_before_the_network():
+    """The replayed model stays on the CPU: on a GPU host 'auto' must not hand it to NCCL (its
+    ranks would refuse after the network was built), and 'nccl' is refused at placement."""
+    auto = scenario(nodes=2, ranks=4, backend="auto", compute="100ms")
+    placed = place(auto.workload, auto.topology, EIGHT, environ={})
+    assert placed.backend == "gloo" and not placed.refused and "replay" in placed.note
+    nccl_ = scenario(nodes=2, ranks=4, backend="nccl", compute="100ms")
+    refused = place(nccl_.workload, nccl_.topology, EIGHT, environ={})
+    assert refused.refused and "gloo" in refused.refused
 
 
 def test_users_nccl_settings_that_break_the_emulation_refuse_the_run():
