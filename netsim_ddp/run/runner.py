@@ -24,7 +24,7 @@ from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic, sch
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
-from netsim_ddp.measure.dilation import replay_late_s, to_target_time
+from netsim_ddp.measure.dilation import replay_late_s, replayed_compute_s, to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.precision.modes import (
@@ -179,9 +179,9 @@ def replay_checks(report: ScenarioReport) -> list[Verdict]:
     checks = []
     for name, mode in report.modes.items():
         late = replay_late_s(mode.result)
-        if late is None or workload is None or mode.compute is None:
-            continue  # not replayed (a user's script never is: it has no compute-only steps)
-        compute = mode.compute.median
+        compute = replayed_compute_s(mode)  # the schedule's (a script's: its ranks' schedule)
+        if late is None or workload is None or compute is None:
+            continue  # not replayed
         bound = max(REPLAY_LATE_FRACTION * compute, REPLAY_LATE_FLOOR_S)
         median = statistics.median(late)
         advice = ("" if median <= bound else
@@ -263,7 +263,8 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
                     fabric.nodes, spec.workload, out_dir, timeout_s,
                     ranks_per_node=scenario.topology.ranks_per_node,
                     base_dir=scenario.path.parent if scenario.path else None, env=env,
-                    watchdog=watchdog, node_env=node_env, runs=spec.selected_modes())
+                    watchdog=watchdog, node_env=node_env, runs=spec.selected_modes(),
+                    dilation=spec.dilation)
             return launch(fabric.nodes, spec, out_dir, timeout_s,
                           ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
                           env=env, watchdog=watchdog, node_env=node_env)

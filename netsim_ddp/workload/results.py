@@ -154,6 +154,9 @@ class ScriptRun(BaseModel):
         default=None,
         description="Per measured step, what every node's link sent between its local rank "
         "0's step boundaries (read without a barrier; background included), summed.")
+    replay_compute_s: float | None = Field(
+        default=None, description="A scale model's replayed compute: the target's forward + "
+        "backward + optimizer per step (fp32 schedule, no noise), target seconds.")
 
 
 class ModeResult(BaseModel):
