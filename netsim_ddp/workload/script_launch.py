@@ -36,6 +36,10 @@ from netsim_ddp.workload.steps import (
 
 SCRIPT_MODULE = "netsim_ddp.workload.script_rank"
 LAST_LINES = 5  # of each rank's output, when a script hangs
+# A scale model stands for GPU ranks, where frameworks run distributed; on CPU ranks some run
+# each rank alone unless told to use the CPU (Accelerate and transformers' Trainer: what
+# `accelerate launch --cpu` sets). A variant's own env may still override it.
+TARGET_LOOKALIKE_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
 def resolve_command(command: Sequence[str], base_dir: Path | None) -> list[str]:
@@ -100,8 +104,9 @@ def launch_script(
                                python=sys.executable, agent=agent,
                                entry=["-m", SCRIPT_MODULE, *command, *variant.args])
                  for index, node in enumerate(nodes)]
-        child_env = rank_env(socket_ifname, {**(env or {}), **variant.env,
-                                             SPEC_ENV: str(spec_path)})
+        child_env = rank_env(socket_ifname, {**(env or {}),
+                                             **(TARGET_LOOKALIKE_ENV if workload.replayed else {}),
+                                             **variant.env, SPEC_ENV: str(spec_path)})
         try:
             run_nodes(nodes, argvs, logs, child_env, timeout_s, watchdog=watchdog,
                       node_env=node_env,
