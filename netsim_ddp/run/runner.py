@@ -40,6 +40,7 @@ from netsim_ddp.verdicts.crossing import CrossingVerdict, expected_cross_node
 from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
+from netsim_ddp.verdicts.script_checks import framework_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
 from netsim_ddp.workload.collective import (
     AGAIN,
@@ -211,6 +212,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(replay_checks(report))
+    report.checks.extend(framework_checks(report))  # a script's device-dependent paths
     report.checks.extend(background_checks(host.background, background, results))
     if not script:  # a script's variants are names: no mode's wire dtype or all-reduce to hold
         report.checks.extend(wire_ratio_checks(report.modes))  # them to (see docs/scripts.md)

@@ -185,4 +185,8 @@ def combine_script(records: Sequence[ScriptRankRecord], *, run: str, command: li
                          comm_hooks=sorted({h for r in records for h in r.comm_hooks}),
                          optimizers=sorted({o for r in records for o in r.optimizers}),
                          step_wire_bytes=step_wire_bytes(records),
-                         replay_compute_s=records[0].replay_compute_s))
+                         replay_compute_s=records[0].replay_compute_s,
+                         framework_adjusted=sorted({n for r in records
+                                                    for n in r.framework_adjusted}),
+                         framework_differs=sorted({n for r in records
+                                                   for n in r.framework_differs})))

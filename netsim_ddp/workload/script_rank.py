@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
-from netsim_ddp.workload import steps
+from netsim_ddp.workload import framework_paths, steps
 from netsim_ddp.workload.rank import _flush_all
 from netsim_ddp.workload.script_replay import replay_for
 from netsim_ddp.workload.timing import BucketTimer
@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
         edges=_edges(spec, rank, local_rank, world),
         collectives=probe, replay=replay)
     install_ddp_probe(probe)
+    framework_paths.install(recorder.record.framework_adjusted,
+                            recorder.record.framework_differs, target_like=replay is not None)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs:
                                       recorder.optimizer_stepped(optimizer))
     steps.install(recorder)

@@ -156,6 +156,7 @@ class ScriptReplay:
     lateness: StepLateness = field(default_factory=StepLateness)
     iteration: int = 0
     _optimizer_started: float | None = None
+    _backward_done: float = 0.0
     _schedules: dict[bool, ReplaySchedule] = field(default_factory=dict)
 
     @property
@@ -215,12 +216,18 @@ class ScriptReplay:
     def optimizer_started(self) -> None:
         self._optimizer_started = time.perf_counter()
 
+    def backward_done(self) -> None:
+        self._backward_done = time.perf_counter()
+
     def optimizer_done(self) -> None:
-        """Hold the step to the target's optimizer time (x k x the step's noise)."""
+        """Hold the step to the target's optimizer time (x k x the step's noise). An optimizer
+        whose step runs the forward and backward itself (a closure: Lightning) starts when the
+        backward has returned."""
         if self._optimizer_started is None or self.model is None:
             return
         clock = self.model.last_clock or self.model.clocks[False]
-        deadline = self._optimizer_started + clock._scale(clock.schedule.optimizer_s)
+        started = max(self._optimizer_started, self._backward_done)
+        deadline = started + clock._scale(clock.schedule.optimizer_s)
         self._optimizer_started = None
         now = time.perf_counter()
         if now < deadline:
@@ -298,6 +305,16 @@ def install(replay: ScriptReplay) -> None:
         register_optimizer_step_pre_hook,
     )
 
+    backward = torch.autograd.backward
+
+    @functools.wraps(backward)
+    def timed_backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            replay.backward_done()
+
+    torch.autograd.backward = timed_backward  # Tensor.backward calls it too
     register_optimizer_step_pre_hook(lambda *_: replay.optimizer_started())
     register_optimizer_step_post_hook(lambda *_: replay.optimizer_done())
 

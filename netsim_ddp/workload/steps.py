@@ -90,6 +90,12 @@ class ScriptRankRecord(BaseModel):
         default=None, description="Compute replay: per measured step, how late (host "
         "seconds) the host released a gradient or ended an optimizer step against the target's "
         "schedule.")
+    framework_adjusted: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths the harness made "
+        "take the target's (GPU) branch (framework_paths).")
+    framework_differs: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths that took the CPU "
+        "branch where the target's GPUs would not.")
     replay_compute_s: float | None = Field(
         default=None, description="Compute replay: the target's scheduled forward + backward "
         "+ optimizer per step, target seconds (fp32, no noise).")
