@@ -31,10 +31,10 @@ def installed(lacks_fabric):
     return need
 
 
-def _launch(run_cli, tmp_path: Path, *args: object) -> dict:
+def _launch(run_cli, tmp_path: Path, scenario_file: Path, *command: object) -> dict:
     results = tmp_path / "results.json"
-    done = run_cli("launch", *args, "--iterations", "3", "--json", results, "--out",
-                   tmp_path / "out", timeout=400)
+    done = run_cli("launch", scenario_file, "--iterations", "3", "--json", results, "--out",
+                   tmp_path / "out", *command, timeout=400)
     assert results.exists(), done.stdout + done.stderr
     (scenario,) = json.loads(results.read_text())["scenarios"]
     scenario["returncode"], scenario["output"] = done.returncode, done.stdout + done.stderr
