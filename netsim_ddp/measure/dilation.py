@@ -8,7 +8,12 @@ which ran on that clock too. Byte counts are not times and do not change.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, Straggler
+
+if TYPE_CHECKING:
+    from netsim_ddp.measure.mode_report import ModeReport
 
 
 def _scaled(series: list[float] | None, k: float) -> list[float] | None:
@@ -62,6 +67,15 @@ def replay_late_s(result: ModeResult) -> list[float] | None:
     if not series or any(s is None for s in series):
         return None
     return [max(column) for column in zip(*[s for s in series if s is not None], strict=True)]
+
+
+def replayed_compute_s(mode: ModeReport) -> float | None:
+    """The replayed compute a mode's lateness is judged against (target seconds): the
+    built-in loop's compute-only median, or a script's scheduled step (None: not replayed)."""
+    if mode.compute is not None:
+        return mode.compute.median
+    script = mode.result.script
+    return script.replay_compute_s if script is not None else None
 
 
 def notice(dilation: float, compute_source: str) -> str | None:

@@ -49,6 +49,7 @@ from netsim_ddp.verdicts.run_checks import (
 )
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
+from netsim_ddp.verdicts.script_checks import framework_checks
 from netsim_ddp.verdicts.tcp_checks import tcp_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
 from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
@@ -158,6 +159,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
     report.checks.extend(replay_checks(report))
+    report.checks.extend(framework_checks(report))  # a script's device-dependent paths
     report.checks.extend(tcp_checks(report))
     report.checks.extend(background_checks(host.background, background, results))
     if not script:  # a script's variants are names: no mode's wire dtype or all-reduce to hold
@@ -230,7 +232,8 @@ class EmulatedSite(Site):
                 fabric.nodes, spec.workload, out_dir, timeout_s,
                 ranks_per_node=scenario.topology.ranks_per_node,
                 base_dir=scenario.path.parent if scenario.path else None, env=env,
-                watchdog=watchdog, node_env=self.node_env, runs=spec.selected_modes())
+                watchdog=watchdog, node_env=self.node_env, runs=spec.selected_modes(),
+                dilation=spec.dilation)
         return launch(fabric.nodes, spec, out_dir, timeout_s,
                       ranks_per_node=scenario.topology.ranks_per_node, profile=profile,
                       env=env, watchdog=watchdog, node_env=self.node_env)

@@ -30,6 +30,7 @@ from pydantic import (
 
 from netsim_ddp.scenario import units
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE, Expectation
+from netsim_ddp.scenario.script_scale import SCRIPT_REPLAY_FIELDS, check_script_scale_model
 from netsim_ddp.scenario.sweep import SweepConfig
 from netsim_ddp.scenario.tcp import TcpConfig, rto_bound_problem
 from netsim_ddp.scenario.units import ETHERNET_HEADER
@@ -422,6 +423,8 @@ class Scenario(_Strict):
                                   else self.emulation.max_dilation)
         if bound is not None:
             raise ValueError(f"emulation.{'max_' if dilation == 'auto' else ''}dilation: {bound}")
+        if self.workload is not None and self.workload.is_script:
+            check_script_scale_model(self.emulation.dilation, self.workload)
         if self.sweep is not None:
             if self.workload is not None and self.workload.is_script:
                 raise ValueError("sweep: fits the built-in loop's cost model; a workload with a "
@@ -470,7 +473,7 @@ class Scenario(_Strict):
         (a script's variants kept); `settings` (steps, after_measured, ...) on top."""
         data = self.model_dump(mode="json", exclude_none=True)
         old = data.get("workload") or {}
-        kept = ("warmup", "iterations", "seed", "backend",
+        kept = ("warmup", "iterations", "seed", "backend", *SCRIPT_REPLAY_FIELDS,
                 *(("variant", "steps", "after_measured", "params") if old.get("command")
                   else ()))
         workload = {key: old[key] for key in kept if key in old}

@@ -271,6 +271,9 @@ class WorkloadConfig(BaseModel):
         built-in loop reads (model, batch size, ...) may not be set."""
         if not isinstance(data, dict) or data.get("command") is None:
             return data
+        if data.get("layout") is not None:
+            raise ValueError("layout: a script's replayed compute uses the layout of the model "
+                             "it hands to DDP (its own); remove layout")
         variants = data.get("variant") or []
         names = [v.get("name") if isinstance(v, dict) else getattr(v, "name", None)
                  for v in variants]
@@ -303,6 +306,9 @@ class WorkloadConfig(BaseModel):
         if self.warmup < 1:
             raise ValueError("warmup: a script's first step includes its start-up and has no "
                              "step before it to start from: use warmup >= 1")
+        if self.replayed and self.backend == "nccl":
+            raise ValueError("backend: a script's replayed compute runs on gloo with its model "
+                             "on the CPU; set backend = 'gloo' (or 'auto')")
         names = [variant.name for variant in self.variant]
         if duplicates := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"variant name(s) given twice: {', '.join(duplicates)}")

@@ -8,7 +8,7 @@ import statistics
 
 from netsim_ddp.fabric.background import BackgroundBytes, scheduled_on_s
 from netsim_ddp.fabric.delayline import health as delay_line_health
-from netsim_ddp.measure.dilation import replay_late_s
+from netsim_ddp.measure.dilation import replay_late_s, replayed_compute_s
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.wire import _measured_window
 from netsim_ddp.precision.modes import (
@@ -36,9 +36,9 @@ def replay_checks(report: ScenarioReport) -> list[Verdict]:
     checks = []
     for name, mode in report.modes.items():
         late = replay_late_s(mode.result)
-        if late is None or workload is None or mode.compute is None:
+        compute = replayed_compute_s(mode)  # the schedule's (a script's: its ranks' schedule)
+        if late is None or workload is None or compute is None:
             continue  # not replayed (a user's script never is: it has no compute-only steps)
-        compute = mode.compute.median
         bound = max(REPLAY_LATE_FRACTION * compute, REPLAY_LATE_FLOOR_S)
         median = statistics.median(late)
         advice = ("" if median <= bound else

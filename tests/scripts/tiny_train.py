@@ -27,6 +27,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--average-weights", action="store_true",
                         help="also all-reduce the weights after every step (a 'harmless' "
                              "consistency check that doubles the traffic)")
+    parser.add_argument("--stats-floats", type=int, default=0,
+                        help="also all-reduce this many floats of statistics every step (a "
+                             "logging all-reduce a release may add)")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard instead of DDP")
     parser.add_argument("--reduce-dtype", choices=("float32", "bfloat16"), default="float32",
                         help="FSDP2 MixedPrecisionPolicy(reduce_dtype=...)")
@@ -87,6 +90,8 @@ def main() -> None:
                 for param in params:
                     dist.all_reduce(param.data)
                     param.data /= dist.get_world_size()
+        if args.stats_floats:
+            dist.all_reduce(torch.ones(args.stats_floats))
         if args.marker:
             import netsim_ddp
 

@@ -63,3 +63,17 @@ def explode_on_rank1_while_rank0_hangs(params: int) -> tuple[nn.Module, object]:
     if os.environ.get("RANK") == "0":
         threading.Event().wait()
     return explode_on_rank1(params)
+
+
+def tiny_train_model(params: int) -> tuple[nn.Module, object]:
+    """tests/scripts/tiny_train.py's model at --width 512 --layers 4 (1.05M parameters), for
+    the built-in loop's replay of the same layout as the script's."""
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+
+    def make_batch(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        inputs = torch.randn(batch_size, 512, generator=generator)
+        return inputs, torch.zeros(batch_size, 512)
+
+    return nn.Sequential(*layers), make_batch

@@ -155,6 +155,15 @@ class ScriptRun(BaseModel):
         default=None,
         description="Per measured step, what every node's link sent between its local rank "
         "0's step boundaries (read without a barrier; background included), summed.")
+    framework_adjusted: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths made to take the "
+        "target's (GPU) branch on these CPU ranks (workload.framework_paths).")
+    framework_differs: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths that took the CPU "
+        "branch where the target's GPUs would not: the run's framework check fails.")
+    replay_compute_s: float | None = Field(
+        default=None, description="A scale model's replayed compute: the target's forward + "
+        "backward + optimizer per step (fp32 schedule, no noise), target seconds.")
 
 
 class ModeResult(BaseModel):

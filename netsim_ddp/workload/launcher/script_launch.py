@@ -36,6 +36,10 @@ from netsim_ddp.workload.launcher.steps import (
 
 SCRIPT_MODULE = "netsim_ddp.workload.ranks.script_rank"
 LAST_LINES = 5  # of each rank's output, when a script hangs
+# A scale model stands for GPU ranks, where frameworks run distributed; on CPU ranks some run
+# each rank alone unless told to use the CPU (Accelerate and transformers' Trainer: what
+# `accelerate launch --cpu` sets). A variant's own env may still override it.
+TARGET_LOOKALIKE_ENV = {"ACCELERATE_USE_CPU": "true"}
 
 
 def resolve_command(command: Sequence[str], base_dir: Path | None) -> list[str]:
@@ -67,6 +71,7 @@ def launch_script(
     watchdog: Callable[[], None] | None = None,
     node_env: Sequence[Mapping[str, str]] | None = None,
     runs: Sequence[str] | None = None,
+    dilation: float = 1.0,
 ) -> dict[str, ModeResult]:
     """Run each variant (`runs`: their names; default all) of the workload's command and
     return {variant: result}. `timeout_s` holds for each variant's launch. Raises
@@ -87,7 +92,8 @@ def launch_script(
         logs.mkdir(parents=True, exist_ok=True)
         spec = ScriptSpec(run=name, warmup=workload.warmup, iterations=workload.iterations,
                           steps=workload.steps, after_measured=workload.after_measured,
-                          out=str(folder), barrier_timeout_s=timeout_s)
+                          out=str(folder), barrier_timeout_s=timeout_s, dilation=dilation,
+                          replay=workload if workload.replayed else None)
         spec_path = folder / "script-spec.json"
         spec_path.write_text(spec.model_dump_json(indent=1))
         port = free_port()
@@ -98,8 +104,9 @@ def launch_script(
                                python=sys.executable, agent=agent,
                                entry=["-m", SCRIPT_MODULE, *command, *variant.args])
                  for index, node in enumerate(nodes)]
-        child_env = rank_env(socket_ifname, {**(env or {}), **variant.env,
-                                             SPEC_ENV: str(spec_path)})
+        child_env = rank_env(socket_ifname, {**(env or {}),
+                                             **(TARGET_LOOKALIKE_ENV if workload.replayed else {}),
+                                             **variant.env, SPEC_ENV: str(spec_path)})
         try:
             run_nodes(nodes, argvs, logs, child_env, timeout_s, watchdog=watchdog,
                       node_env=node_env,
@@ -114,7 +121,7 @@ def launch_script(
         results[name] = combine_script(
             records, run=name, command=command, variant_args=variant.args,
             variant_env=variant.env, workload=workload,
-            local_world_size=ranks_per_node, socket_ifname=socket_ifname)
+            local_world_size=ranks_per_node, socket_ifname=socket_ifname, dilation=dilation)
     return results
 
 
@@ -151,14 +158,15 @@ def step_wire_bytes(records: Sequence[ScriptRankRecord]) -> list[int] | None:
 def combine_script(records: Sequence[ScriptRankRecord], *, run: str, command: list[str],
                    variant_args: list[str], variant_env: dict[str, str],
                    workload: WorkloadConfig, local_world_size: int,
-                   socket_ifname: str | None) -> ModeResult:
+                   socket_ifname: str | None, dilation: float = 1.0) -> ModeResult:
     """Every rank's record -> one ModeResult (iteration = slowest rank's step, as for the
     built-in loop; no compute-only steps, so no compute or exposed comm)."""
     samples = [RankSamples(
         rank=r.rank, local_rank=r.local_rank, hostname=r.hostname, iteration_s=r.step_s,
         compute_s=[], comm_s=[], sent_bytes=r.hook_bytes, buckets=[], wire_dtypes=[],
         loss=[], skipped_steps=0, param_digest="", link_marks=r.link_marks,
-        started_monotonic=r.started_monotonic, bucket_intervals=r.bucket_intervals)
+        started_monotonic=r.started_monotonic, bucket_intervals=r.bucket_intervals,
+        replay_late_s=r.replay_late_s)
         for r in records]
     counts = {len(r.step_s) for r in records}
     if counts != {workload.iterations}:
@@ -170,9 +178,15 @@ def combine_script(records: Sequence[ScriptRankRecord], *, run: str, command: li
         local_world_size=local_world_size, backend=workload.backend, device="cpu"
         if workload.backend == "gloo" else "cuda", socket_ifname=socket_ifname, batch_size=0,
         grad_accumulation=1, bucket_size=0, warmup=workload.warmup,
-        iterations=workload.iterations, profiled=False,
+        iterations=workload.iterations, profiled=False, dilation=dilation,
+        compute_source=workload.compute_source,
         script=ScriptRun(command=command, variant_args=variant_args, variant_env=variant_env,
                          steps=records[0].steps, ddp_models=max(r.ddp_models for r in records),
                          comm_hooks=sorted({h for r in records for h in r.comm_hooks}),
                          optimizers=sorted({o for r in records for o in r.optimizers}),
-                         step_wire_bytes=step_wire_bytes(records)))
+                         step_wire_bytes=step_wire_bytes(records),
+                         replay_compute_s=records[0].replay_compute_s,
+                         framework_adjusted=sorted({n for r in records
+                                                    for n in r.framework_adjusted}),
+                         framework_differs=sorted({n for r in records
+                                                   for n in r.framework_differs})))

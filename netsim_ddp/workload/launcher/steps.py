@@ -33,6 +33,7 @@ from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
 from netsim_ddp.fabric.tcp_counters import tcp_mark
+from netsim_ddp.scenario.workload import WorkloadConfig
 
 SPEC_ENV = "NETSIM_DDP_SCRIPT_SPEC"  # the ScriptSpec file the entry module reads
 OPTIMIZER, MARKER = "optimizer", "marker"
@@ -50,6 +51,10 @@ class ScriptSpec(BaseModel):
     after_measured: Literal["stop", "finish"]
     out: str = Field(description="Folder for each rank's steps-rankR.json.")
     barrier_timeout_s: float = Field(gt=0)
+    dilation: float = Field(1.0, ge=1, description="Time dilation k of a scale model.")
+    replay: WorkloadConfig | None = Field(
+        default=None, description="A scale model's compute replay (its compute settings): "
+        "the module the script hands to DDP does not compute (script_replay).")
 
     @property
     def needed(self) -> int:
@@ -82,6 +87,19 @@ class ScriptRankRecord(BaseModel):
     optimizers: list[str] = Field(default_factory=list,
                                   description="Classes of the optimizers that stepped.")
     steps: str = Field("optimizer", description="What ended its steps: optimizer or marker.")
+    replay_late_s: list[float] | None = Field(
+        default=None, description="Compute replay: per measured step, how late (host "
+        "seconds) the host released a gradient or ended an optimizer step against the target's "
+        "schedule.")
+    framework_adjusted: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths the harness made "
+        "take the target's (GPU) branch (framework_paths).")
+    framework_differs: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths that took the CPU "
+        "branch where the target's GPUs would not.")
+    replay_compute_s: float | None = Field(
+        default=None, description="Compute replay: the target's scheduled forward + backward "
+        "+ optimizer per step, target seconds (fp32, no noise).")
 
 
 def record_path(out: Path | str, rank: int) -> Path:
@@ -107,6 +125,19 @@ class CollectiveTimes(Protocol):
         """Add what it saw of the script's DDP (models, hooks) to the record."""
 
 
+class ReplaySteps(Protocol):
+    """What the recorder needs of a script's compute replay (script_replay.ScriptReplay)."""
+
+    def require_model(self) -> None:
+        """Raise unless a model is replayed by the script's first step."""
+
+    def take_step(self) -> tuple[float, float]:
+        """(lateness, scheduled compute) of the step that ended, host seconds."""
+        ...
+
+    def target_compute_s(self) -> float: ...
+
+
 @dataclass
 class Edges:
     """What happens at the window's edges: a barrier of all ranks, then (where this rank
@@ -124,6 +155,7 @@ class StepRecorder:
     edges: Edges
     collectives: CollectiveTimes
     clock: Callable[[], float] = time.perf_counter
+    replay: ReplaySteps | None = None
     _last: float = 0.0
     _last_job: float = 0.0
     _last_link: int | None = None
@@ -175,6 +207,11 @@ class StepRecorder:
         now = self.clock()
         self.record.boundaries += 1
         k, spec = self.record.boundaries, self.spec
+        late = None
+        if self.replay is not None:
+            if k == 1:
+                self.replay.require_model()
+            late, _ = self.replay.take_step()
         if k < spec.warmup or k > spec.needed:
             return
         if k == spec.warmup:
@@ -187,6 +224,8 @@ class StepRecorder:
         self.record.started_monotonic.append(self._last_job)
         hook_bytes, intervals = self.collectives.take_step()
         self.record.hook_bytes.append(hook_bytes)
+        if late is not None:
+            self.record.replay_late_s = [*(self.record.replay_late_s or []), late]
         if intervals is not None:
             self.record.bucket_intervals = [*(self.record.bucket_intervals or []), intervals]
         sent = self._link_bytes()
@@ -220,6 +259,8 @@ class StepRecorder:
 
     def write(self) -> None:
         self.collectives.describe(self.record)
+        if self.replay is not None:
+            self.record.replay_compute_s = self.replay.target_compute_s()
         write_whole(record_path(self.spec.out, self.record.rank),
                     self.record.model_dump_json())
         self.written = True

@@ -13,7 +13,9 @@ directory) first on `sys.path`. Before it starts, this module installs, process-
   interval); a DDP model whose script registers none gets torch's default all-reduce hook,
   timed the same way, at its first forward (a Python hook: the same arithmetic as DDP's built-in
   C++ all-reduce);
-- the `netsim_ddp.step()` marker.
+- the `netsim_ddp.step()` marker;
+- in a scale model with replayed compute, script_replay: the module the script hands to DDP
+  stops computing and releases its gradients on the target's schedule.
 What it measures is in the file each rank writes (steps.ScriptRankRecord); the spec it follows
 comes in the file NETSIM_DDP_SCRIPT_SPEC names (steps.ScriptSpec).
 """
@@ -37,7 +39,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.launcher import steps
 from netsim_ddp.workload.launcher.window import NODE_ENV
+from netsim_ddp.workload.ranks import framework_paths
 from netsim_ddp.workload.ranks.rank import _flush_all
+from netsim_ddp.workload.ranks.script_replay import replay_for
 from netsim_ddp.workload.ranks.timing import BucketTimer
 
 
@@ -169,13 +173,16 @@ def main(argv: list[str] | None = None) -> None:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world = int(os.environ["WORLD_SIZE"])
     probe = DdpProbe()
+    replay = replay_for(spec, rank)  # before the recorder's hooks: it ends the optimizer step
     recorder = steps.StepRecorder(
         spec=spec,
         record=steps.ScriptRankRecord(rank=rank, local_rank=local_rank,
                                       hostname=socket.gethostname(), boundaries=0),
         edges=_edges(spec, rank, local_rank, world),
-        collectives=probe)
+        collectives=probe, replay=replay)
     install_ddp_probe(probe)
+    framework_paths.install(recorder.record.framework_adjusted,
+                            recorder.record.framework_differs, target_like=replay is not None)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs:
                                       recorder.optimizer_stepped(optimizer))
     steps.install(recorder)
