@@ -51,6 +51,7 @@ from netsim_ddp.workload.collective import (
     read_probe,
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
+from netsim_ddp.workload.compute_noise import resolved_trace
 from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.nccl import (
     NODE_IFNAME,
@@ -160,10 +161,13 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
 
 
 def _resolved_profile(scenario: Scenario, workload):
-    """workload.profile relative to the scenario file, as an absolute path the ranks read."""
+    """workload.profile (and the noise's trace) relative to the scenario file, as absolute
+    paths the ranks read."""
+    base = scenario.path.parent if scenario.path is not None else Path.cwd()
+    if workload.noise is not None and workload.noise.trace is not None:
+        workload = workload.model_copy(update={"noise": resolved_trace(workload.noise, base)})
     if workload.profile is None or Path(workload.profile).is_absolute():
         return workload
-    base = scenario.path.parent if scenario.path is not None else Path.cwd()
     return workload.model_copy(update={"profile": str((base / workload.profile).resolve())})
 
 
