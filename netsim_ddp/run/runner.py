@@ -51,7 +51,7 @@ from netsim_ddp.workload.collective import (
     read_probe,
 )
 from netsim_ddp.workload.collective import RESULT_FILE as PROBE_RESULT_FILE
-from netsim_ddp.workload.compute_noise import resolved_trace
+from netsim_ddp.workload.compute_noise import NoiseModel, resolved_trace
 from netsim_ddp.workload.hostload import CpuLoad, CpuTimes
 from netsim_ddp.workload.nccl import (
     NODE_IFNAME,
@@ -210,7 +210,8 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
-                                        ranks_per_node=scenario.topology.ranks_per_node)
+                                        ranks_per_node=scenario.topology.ranks_per_node,
+                                        noise=_noise_model(scenario))
     script = scenario.workload is not None and scenario.workload.is_script
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
@@ -228,6 +229,12 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                     else default_expectations(list(report.modes))
                     if scenario.topology.nodes > 1 and not script else [])
     report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
+
+
+def _noise_model(scenario: Scenario) -> NoiseModel | None:
+    """The replay's seeded noise, for naming its stalls in the tail (no trace needed)."""
+    workload = scenario.workload
+    return NoiseModel(workload.noise) if workload is not None and workload.noise else None
 
 
 def run_folder(base: Path | None, run_id: str) -> Path:
