@@ -1,0 +1,177 @@
+"""Benchmark: the article's jitter, by mechanism - which kinds of noise make step time spread
+grow with the GPU count, and which of them AMP (the fp16 hook) smooths.
+
+Mechanisms (each alone; `mix` all together), on top of a 10GbE scale model (time-dilated,
+compute replayed):
+
+    light     2% lognormal step-to-step noise only (the old scale model)
+    stalls    rare heavy-tailed stalls: p = 1% per rank and step, Pareto from 50 ms
+    gpu       fixed per-GPU speed (Sinha et al. SC'22: ~8%, up to 22%, 2% 1.5x outliers)
+    episode   one node 30% slower for a quarter of the steps
+    mix       all of the above
+
+Parts:
+
+    model     the noise generator alone (no network, no ranks: seconds): per mechanism and
+              GPU count, median / p99 / sd of the slowest rank's compute and the slow share;
+              the theory the end-to-end runs are held to
+    run       end to end: per mechanism, GPU counts x modes (fp32, amp-fp16) through the
+              emulated network; writes OUT/MECHANISM.json (a results document) and
+              OUT/MECHANISM.png (sd and median vs GPUs, report.plots.plot_jitter_by_gpus)
+    table     print the end-to-end documents found in OUT: median / p99 / sd / slow share,
+              and the tail's causes (measure.attribution)
+
+`--small` (the default for `run`): 2 and 16 GPUs, fp32 only, stalls only, a small generic
+model at x10; `--full`: 2, 4, 8, 16 GPUs, both modes, every mechanism, ResNet-50 at x40
+(hours on a 2-core host; run it under the heavy-work lock):
+
+    .venv/bin/python bench/jitter_mechanisms.py model
+    flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --out /tmp/jit
+    .venv/bin/python bench/jitter_mechanisms.py table --out /tmp/jit
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from netsim_ddp import Scenario
+from netsim_ddp.common.tails import percentile, slow_share
+from netsim_ddp.measure.document import ResultsDocument, load_document, save
+from netsim_ddp.report.plots import plot_jitter_by_gpus
+from netsim_ddp.run.runner import run_scenario
+from netsim_ddp.scenario.compute_noise import ComputeNoise
+from netsim_ddp.verdicts.scenario_report import results_document
+from netsim_ddp.workload.compute_noise import NoiseModel
+
+console = Console(width=140)
+TOPOLOGIES = {2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4)}  # GPUs: (nodes, ranks per node)
+STALLS = {"probability": 0.01, "distribution": "pareto", "scale": "50ms", "shape": 1.5,
+          "max": "2s"}
+GPU = {"spread": 0.08, "max": 0.22, "outlier_probability": 0.02, "outlier_slowdown": 0.5}
+
+
+def mechanisms(steps: int) -> dict[str, dict[str, Any]]:
+    """Each mechanism as a [workload.noise] table."""
+    episode = [{"at": steps // 2, "steps": max(steps // 4, 1), "node": 1, "slowdown": 0.3}]
+    return {
+        "light": {"spread": 0.02},
+        "stalls": {"spread": 0.0, "stalls": STALLS},
+        "gpu": {"spread": 0.0, "gpu_speed": GPU},
+        "episode": {"spread": 0.0, "episode": episode},
+        "mix": {"spread": 0.02, "stalls": STALLS, "gpu_speed": GPU, "episode": episode},
+    }
+
+
+def part_model(steps: int = 4000, compute_s: float = 0.375) -> None:
+    """The generator alone: the slowest rank's compute per step, no network."""
+    table = Table(title=f"noise generator alone: slowest of N ranks, {compute_s * 1e3:.0f} ms "
+                        f"compute, {steps} steps (no network; a model, not a measurement)",
+                  title_justify="left")
+    for column in ("mechanism", "GPUs", "median ms", "p99 ms", "sd ms", "slow", "sd / sd@2"):
+        table.add_column(column, justify="right")
+    for name, noise in mechanisms(steps).items():
+        model = NoiseModel(ComputeNoise.model_validate(noise))
+        base_sd = None
+        for gpus, (_, per_node) in TOPOLOGIES.items():
+            series = [max(model.compute_s(compute_s, rank, rank // per_node, step)
+                          for rank in range(gpus)) for step in range(steps)]
+            sd = statistics.stdev(series)
+            base_sd = sd if base_sd is None else base_sd
+            table.add_row(name, str(gpus), f"{statistics.median(series) * 1e3:.1f}",
+                          f"{percentile(series, 99) * 1e3:.1f}", f"{sd * 1e3:.1f}",
+                          f"{slow_share(series):.1%}", f"{sd / base_sd:.2f}" if base_sd else "-")
+    console.print(table)
+
+
+def _scenario(mechanism: str, noise: dict[str, Any], gpus: int, *, full: bool,
+              iterations: int) -> Scenario:
+    nodes, per_node = TOPOLOGIES[gpus]
+    workload: dict[str, Any] = {
+        "iterations": iterations, "warmup": 2, "noise": {**noise, "seed": 1},
+        "modes": ["fp32", "amp-fp16"] if full else ["fp32"]}
+    if full:
+        workload |= {"layout": "resnet50", "compute": "375ms", "compute_amp": "234ms"}
+        dilation = 40
+    else:  # small: a 4 MB model whose all-reduce is short against 50 ms of compute
+        workload |= {"layout": "generic", "params": "1M", "compute": "50ms"}
+        dilation = 10
+    return Scenario.from_dict({
+        "name": f"jitter-{mechanism}-{gpus}gpu",
+        "description": f"{mechanism} noise, {gpus} GPUs on 10GbE (bench/jitter_mechanisms.py)",
+        "topology": {"nodes": nodes, "ranks_per_node": per_node},
+        "link": {"rate": "10gbit"}, "emulation": {"dilation": dilation},
+        "workload": workload})
+
+
+def part_run(out: Path, *, full: bool, iterations: int) -> None:
+    chosen = mechanisms(iterations) if full else {"stalls": mechanisms(iterations)["stalls"]}
+    counts = list(TOPOLOGIES) if full else [2, 16]
+    for mechanism, noise in chosen.items():
+        reports = []
+        for gpus in counts:
+            scenario = _scenario(mechanism, noise, gpus, full=full, iterations=iterations)
+            started = time.monotonic()
+            report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
+            console.print(f"{scenario.name}: {report.status} in "
+                          f"{time.monotonic() - started:.0f} s "
+                          f"{report.refused or report.error or ''}")
+            reports.append(report)
+        document = results_document(reports)
+        save(document, out / f"{mechanism}.json")
+        plot_jitter_by_gpus(document.scenarios, out / f"{mechanism}.png",
+                            f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
+
+
+def _table(name: str, document: ResultsDocument) -> Table:
+    notices = {s.emulation.notice for s in document.scenarios if s.emulation}
+    table = Table(title=f"{name}, end to end; " + "; ".join(sorted(notices)),
+                  title_justify="left")
+    for column in ("scenario", "mode", "GPUs", "median ms", "p99 ms", "sd ms", "cv", "slow",
+                   "causes of the tail"):
+        table.add_column(column, justify="right")
+    for record in document.scenarios:
+        for mode, m in record.modes.items():
+            s = m.summary.iteration_s
+            causes = (", ".join(f"{c.cause} {c.share:.0%} ({c.iterations})"
+                                for c in m.attribution.shares)
+                      if m.attribution else "-")
+            table.add_row(record.name, mode, str(m.world_size), f"{s.median * 1e3:.1f}",
+                          f"{s.p99 * 1e3:.1f}", f"{s.std * 1e3:.1f}", f"{s.cv:.1%}",
+                          f"{s.slow_share:.0%}", causes or "-")
+    return table
+
+
+def part_table(out: Path) -> None:
+    for path in sorted(out.glob("*.json")):
+        console.print(_table(path.stem, load_document(path)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=["model", "run", "table"])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--full", action="store_true", help="every mechanism, 2..16 GPUs, "
+                        "fp32 and amp-fp16, ResNet-50 at x40 (hours here)")
+    parser.add_argument("--iterations", type=int, default=60)
+    args = parser.parse_args()
+    if args.part == "model":
+        part_model()
+        return
+    if args.out is None:
+        parser.error(f"{args.part} needs --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.part == "run":
+        part_run(args.out, full=args.full, iterations=args.iterations)
+    part_table(args.out)
+
+
+if __name__ == "__main__":
+    main()
