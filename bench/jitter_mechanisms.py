@@ -17,7 +17,13 @@ Parts:
               the theory the end-to-end runs are held to
     run       end to end: per mechanism, GPU counts x modes (fp32, amp-fp16) through the
               emulated network; writes OUT/MECHANISM.json (a results document) and
-              OUT/MECHANISM.png (sd and median vs GPUs, report.plots.plot_jitter_by_gpus)
+              OUT/MECHANISM.png (sd and median vs GPUs, report.plots.plot_jitter_by_gpus);
+              prints beside each run the generator's own prediction for the same draws (the
+              slowest rank's compute, no network): what the run should show if the network
+              and the host add nothing
+    attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
+              link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
+              must name 'stall' for the first and 'network' for the second
     table     print the end-to-end documents found in OUT: median / p99 / sd / slow share,
               and the tail's causes (measure.attribution)
 
@@ -110,6 +116,20 @@ def _scenario(mechanism: str, noise: dict[str, Any], gpus: int, *, full: bool,
         "workload": workload})
 
 
+def predicted_sd(scenario: Scenario) -> float:
+    """The sd of the slowest rank's compute over the run's measured steps, drawn by the
+    generator alone (no network, no host): the run's noise-only floor."""
+    workload = scenario.workload
+    assert workload is not None and workload.compute is not None
+    model = NoiseModel(workload.noise)
+    per_node = scenario.topology.ranks_per_node
+    world = scenario.topology.nodes * per_node
+    series = [max(model.compute_s(workload.compute, rank, rank // per_node,
+                                  workload.warmup + step) for rank in range(world))
+              for step in range(workload.iterations)]
+    return statistics.stdev(series)
+
+
 def part_run(out: Path, *, full: bool, iterations: int) -> None:
     chosen = mechanisms(iterations) if full else {"stalls": mechanisms(iterations)["stalls"]}
     counts = list(TOPOLOGIES) if full else [2, 16]
@@ -121,12 +141,26 @@ def part_run(out: Path, *, full: bool, iterations: int) -> None:
             report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
             console.print(f"{scenario.name}: {report.status} in "
                           f"{time.monotonic() - started:.0f} s "
-                          f"{report.refused or report.error or ''}")
+                          f"{report.refused or report.error or ''}; the generator alone "
+                          f"predicts fp32 sd {predicted_sd(scenario) * 1e3:.1f} ms")
             reports.append(report)
         document = results_document(reports)
         save(document, out / f"{mechanism}.json")
         plot_jitter_by_gpus(document.scenarios, out / f"{mechanism}.png",
                             f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
+
+
+def part_attribution(out: Path, iterations: int) -> None:
+    stalls = _scenario("stalls-only", {"spread": 0.0, "stalls": {**STALLS, "probability": 0.05}},
+                       2, full=False, iterations=iterations)
+    flaps = Scenario.from_dict({
+        **_scenario("flaps-only", {"spread": 0.02}, 2, full=False,
+                    iterations=iterations).model_dump(mode="json", exclude_none=True),
+        "link": {"rate": "10gbit", "schedule": [
+            {"at": f"{at}s", "down": "100ms"} for at in (0.5, 1.3, 2.1, 2.9)]}})
+    reports = [run_scenario(s, out_dir=out / "runs", progress=console.print)
+               for s in (stalls, flaps)]
+    save(results_document(reports), out / "attribution.json")
 
 
 def _table(name: str, document: ResultsDocument) -> Table:
@@ -156,7 +190,7 @@ def part_table(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["model", "run", "table"])
+    parser.add_argument("part", choices=["model", "run", "attribution", "table"])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--full", action="store_true", help="every mechanism, 2..16 GPUs, "
                         "fp32 and amp-fp16, ResNet-50 at x40 (hours here)")
@@ -170,6 +204,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "run":
         part_run(args.out, full=args.full, iterations=args.iterations)
+    if args.part == "attribution":
+        part_attribution(args.out, args.iterations)
     part_table(args.out)
 
 
