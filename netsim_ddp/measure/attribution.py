@@ -30,6 +30,7 @@ from netsim_ddp.common.tails import SLOW_THRESHOLD, slow_iterations
 from netsim_ddp.workload.compute_noise import NoiseModel
 from netsim_ddp.workload.results import ModeResult
 
+INITIAL_STATE = "initial"  # fabric.schedule's label of an iteration before any change
 COMPUTE_EXPLAINS = 0.5  # of an iteration's excess: a compute excess this large is its cause
 CAUSES = ("stall", "compute", "network")
 
@@ -110,8 +111,9 @@ def _network_evidence(result: ModeResult, index: int, counters: Sequence[Counter
             if grew > 0:
                 where = f"node {series.node} " if series.node is not None else ""
                 found.append(f"{where}{series.name} +{grew:g}")
-    if link_states is not None and index < len(link_states) and link_states[index]:
-        found.append(f"link change in force: {link_states[index]}")
+    state = link_states[index] if link_states is not None and index < len(link_states) else ""
+    if state and state != INITIAL_STATE:  # the schedule had changed a link (or did, then)
+        found.append(f"link schedule: {state}")
     return found
 
 

@@ -124,3 +124,13 @@ def test_mixed_causes_split_the_tail() -> None:
     assert shares["network"].iterations == 2
     assert shares["stall"].iterations == len(table.slow) - 2
     assert sum(share.share for share in table.shares) == pytest.approx(1.0)
+
+
+def test_a_link_change_in_force_is_network_evidence_and_the_initial_state_is_not() -> None:
+    noise = NoiseModel(ComputeNoise(spread=0.0, seed=2))
+    result = _result(noise, network_s={4: 0.1, 9: 0.1})
+    states = ["initial"] * STEPS
+    states[9] = "1 -> 2"
+    table = attribute(result, link_states=states)
+    assert "by elimination" in table.slow[0].detail
+    assert table.slow[1].detail == "collective slow; link schedule: 1 -> 2"
