@@ -116,4 +116,14 @@ class ComputeNoise(_Strict):
     trace: ComputeTrace | None = Field(None, description="Measured per-step compute times.")
 
 
-__all__ = ["ComputeNoise", "ComputeTrace", "GpuSpeed", "SlowEpisode", "Stalls"]
+def check_episode_nodes(noise: ComputeNoise | None, nodes: int) -> None:
+    """Every episode names a node the topology has."""
+    for i, episode in enumerate(noise.episode if noise is not None else ()):
+        if episode.node is not None and episode.node >= nodes:
+            raise ValueError(f"workload.noise.episode.{i}.node: {episode.node} but the topology "
+                             f"has {nodes} nodes (0..{nodes - 1}); name one of them, or leave "
+                             "node out for every node")
+
+
+__all__ = ["ComputeNoise", "ComputeTrace", "GpuSpeed", "SlowEpisode", "Stalls",
+           "check_episode_nodes"]

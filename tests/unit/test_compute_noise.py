@@ -141,3 +141,15 @@ def test_noise_fields_are_validated_in_the_scenario() -> None:
             "probability": 0.1, "scale": "2s", "max": "1s"}}})
     with pytest.raises(ValidationError, match="noise: only used by compute replay"):
         WorkloadConfig.model_validate({"params": 1000, "noise": {"spread": 0.1}})
+
+
+def test_an_episode_must_name_a_node_of_the_topology() -> None:
+    from netsim_ddp import Scenario
+    from netsim_ddp.scenario.spec import ScenarioError
+
+    data = {"name": "s", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+            "workload": {"params": 1000, "compute": "100ms", "noise": {
+                "episode": [{"at": 0, "steps": 3, "node": 2, "slowdown": 0.5}]}}}
+    with pytest.raises(ScenarioError, match=r"workload.noise.episode.0.node: 2 but the "
+                                            r"topology has 2 nodes"):
+        Scenario.from_dict(data)
