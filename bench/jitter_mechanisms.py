@@ -27,9 +27,9 @@ Parts:
     table     print the end-to-end documents found in OUT: median / p99 / sd / slow share,
               and the tail's causes (measure.attribution)
 
-`--small` (the default for `run`): 2 and 16 GPUs, fp32 only, stalls only, a small generic
-model at x10; `--full`: 2, 4, 8, 16 GPUs, both modes, every mechanism, ResNet-50 at x40
-(hours on a 2-core host; run it under the heavy-work lock):
+Without `--full`, `run` is the small version: 2 and 16 GPUs, fp32 only, near-fixed 50 ms
+stalls at p = 1% only, a small generic model at x20; `--full`: 2, 4, 8, 16 GPUs, both modes,
+every mechanism, ResNet-50 at x40 (hours on a 2-core host; run it under the heavy-work lock):
 
     .venv/bin/python bench/jitter_mechanisms.py model
     flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --out /tmp/jit

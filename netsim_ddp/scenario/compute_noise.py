@@ -88,7 +88,8 @@ class ComputeTrace(_Strict):
 
     file: str = Field(description="CSV or whitespace-separated text, relative to the scenario "
                       "file: one number (seconds) per line and column; a header line is "
-                      "skipped; '#' starts a comment.")
+                      "skipped; '#' starts a comment. Or a `profile-compute` JSON (.json): "
+                      "one column, its steps' forward + backward.")
     columns: Literal["per-rank", "sampled"] = Field(
         "per-rank", description="per-rank: rank r replays column r mod columns, row by row "
         "(the trace's ranks, in order); sampled: each rank draws its rows at random (seeded) "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from netsim_ddp.scenario.compute_noise import ComputeNoise, ComputeTrace, GpuSpeed, Stalls
+from netsim_ddp.workload.compute_profile import read_profile
 
 NOISE_FLOOR = 0.05  # a normal draw is truncated here: no step takes (almost) no time
 
@@ -80,9 +81,15 @@ _SEPARATORS = re.compile(r"[,\s;]+")
 
 
 def read_trace(path: Path | str) -> list[list[float]]:
-    """A trace file's columns (seconds; every column as long as the others). Errors name the
-    file, the line and the fix."""
+    """A trace file's columns (seconds; every column as long as the others): a text table, or
+    a profile-compute JSON (one column: its steps' forward + backward). Errors name the file,
+    the line and the fix."""
     path = Path(path)
+    if path.suffix == ".json":  # `profile-compute --steps 500 --out F.json`: its steps
+        try:
+            return [read_profile(path).step_s]
+        except ValueError as exc:
+            raise ValueError(f"workload.noise.trace.file: {exc}") from None
     try:
         text = path.read_text()
     except OSError as exc:

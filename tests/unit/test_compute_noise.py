@@ -153,3 +153,18 @@ def test_an_episode_must_name_a_node_of_the_topology() -> None:
     with pytest.raises(ScenarioError, match=r"workload.noise.episode.0.node: 2 but the "
                                             r"topology has 2 nodes"):
         Scenario.from_dict(data)
+
+
+def test_a_profile_compute_file_is_a_one_column_trace(tmp_path: Path) -> None:
+    import json
+
+    profile = {"model": "mlp", "params": 1000, "batch_size": 4, "mode": "fp32", "device": "cpu",
+               "timer": "perf_counter",
+               "forward_s": [0.1, 0.2], "backward_s": [0.2, 0.4], "optimizer_s": [0.01, 0.01],
+               "layers": [{"name": "l", "backward_s": 0.3}]}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(profile))
+    assert read_trace(path) == [pytest.approx([0.3, 0.6])]
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="trace.file: compute profile .* not a profile"):
+        read_trace(path)
