@@ -134,3 +134,24 @@ def test_a_link_change_in_force_is_network_evidence_and_the_initial_state_is_not
     table = attribute(result, link_states=states)
     assert "by elimination" in table.slow[0].detail
     assert table.slow[1].detail == "collective slow; link schedule: 1 -> 2"
+
+
+def test_the_tail_table_shows_percentiles_slow_share_and_causes() -> None:
+    from rich.console import Console
+
+    from netsim_ddp import Scenario
+    from netsim_ddp.report.tails import tail_table
+    from netsim_ddp.verdicts.scenario_report import ScenarioReport
+
+    noise = NoiseModel(ComputeNoise(spread=0.02, seed=2, stalls=Stalls(
+        probability=0.01, scale="60ms")))
+    report = ScenarioReport(Scenario.from_dict({
+        "name": "tails", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+        "workload": {"params": "1M", "modes": ["fp32"]}}))
+    report.modes = {"fp32": _report(_result(noise), noise)}
+    console = Console(width=200, record=True)
+    console.print(tail_table(report))
+    text = console.export_text()
+    iteration = report.modes["fp32"].iteration
+    assert f"{iteration.p99 * 1e3:.1f}" in text
+    assert f"{iteration.slow_share:.0%}" in text and "100%" in text  # stall explains it all
