@@ -23,7 +23,10 @@ TABLES = {
     "TcpConfig": "[link.tcp]", "LinkOverride": "[[link.override]]",
     "LinkChange": "[[link.schedule]]",
     "BackgroundFlow": "[[background]]", "FidelityConfig": "[fidelity]",
-    "WorkloadConfig": "[workload]", "Variant": "[[workload.variant]]", "SweepConfig": "[sweep]",
+    "WorkloadConfig": "[workload]", "Variant": "[[workload.variant]]",
+    "ComputeNoise": "[workload.noise]", "Stalls": "[workload.noise.stalls]",
+    "GpuSpeed": "[workload.noise.gpu_speed]", "SlowEpisode": "[[workload.noise.episode]]",
+    "ComputeTrace": "[workload.noise.trace]", "SweepConfig": "[sweep]",
     "ProjectionConfig": "[sweep.projection]", "Expectation": "[[expect]]",
 }
 

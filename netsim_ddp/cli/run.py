@@ -169,6 +169,10 @@ def _print_report(human: Console, report) -> None:
     from netsim_ddp.run.session import steal_warning
 
     human.print(mode_table(report))
+    if any(mode.iteration.slow_share for mode in report.modes.values()):
+        from netsim_ddp.report.tails import tail_table  # only runs with a tail print it
+
+        human.print(tail_table(report))
     for check in report.checks:
         mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
         human.print(f"  {mark} {check.name}: {escape(check.detail)}")

@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from netsim_ddp.common.tails import coefficient_of_variation, slow_share
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -24,6 +26,9 @@ class Summary:
     iqr: float
     min: float
     max: float
+    p99: float = 0.0  # the tail (common.tails)
+    cv: float = 0.0
+    slow_share: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -35,7 +40,7 @@ def summarize(samples: Sequence[float]) -> Summary:
     values = sorted(samples)
     if len(values) == 1:
         (only,) = values
-        return Summary(1, only, only, 0.0, only, only, 0.0, only, only)
+        return Summary(1, only, only, 0.0, only, only, 0.0, only, only, only, 0.0, 0.0)
     # 'inclusive' quantiles: the sample's own min and max bound them, as numpy's default does.
     percentiles = statistics.quantiles(values, n=100, method="inclusive")
     quartiles = statistics.quantiles(values, n=4, method="inclusive")
@@ -49,6 +54,9 @@ def summarize(samples: Sequence[float]) -> Summary:
         iqr=quartiles[2] - quartiles[0],
         min=values[0],
         max=values[-1],
+        p99=percentiles[98],
+        cv=coefficient_of_variation(values),
+        slow_share=slow_share(values),
     )
 
 
@@ -84,8 +92,9 @@ def bus_bandwidth(size_bytes: float, seconds: float, world_size: int) -> float:
 
 # -- comparing noisy samples ----------------------------------------------------------------
 
-STATISTICS = ("median", "mean", "p95", "std", "iqr", "min", "max")
-SPREAD_STATISTICS = ("std", "iqr")
+STATISTICS = ("median", "mean", "p95", "p99", "std", "iqr", "min", "max", "cv", "slow_share")
+SPREAD_STATISTICS = ("std", "iqr")  # tested on deviations from the median
+# p99, cv and the share of slow iterations: tested by a bootstrap (common.tails.tail_test)
 
 
 def statistic(samples: Sequence[float], name: str) -> float:

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from netsim_ddp.common.files import write_whole
+from netsim_ddp.measure.attribution import TailAttribution
 from netsim_ddp.measure.machine import (
     CpuInfo,
     MachineInfo,
@@ -56,6 +57,9 @@ class SummaryRecord(Record):
     iqr: Finite = 0.0
     min: Finite = 0.0
     max: Finite = 0.0
+    p99: Finite = 0.0  # the tail (common.tails); 0 in documents written before it
+    cv: Finite = 0.0
+    slow_share: Finite = 0.0
 
 
 class SeriesSummaries(Record):
@@ -137,6 +141,7 @@ class ModeRecord(Record):
     hook_bytes_per_iteration: float = 0.0
     stragglers: list[StragglerRow] | None = None
     straggler_summary: StragglerSummary | None = None
+    attribution: TailAttribution | None = None  # the slow iterations and their causes
     link_states: list[str] | None = None
     scaling_efficiency: Finite | None = None  # None: a user's script
     busbw_bps: float | None = 0.0

@@ -9,9 +9,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
+from netsim_ddp.measure.attribution import TailAttribution, attribute
 from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
 from netsim_ddp.measure.tcp_evidence import tcp_counters
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel
 from netsim_ddp.workload.launcher.results import ModeResult
 
 
@@ -30,6 +32,7 @@ class ModeReport:
     node_names: list[str] = field(default_factory=list)  # for the straggler view
     ranks_per_node: int = 1
     link_states: list[str] | None = None  # per iteration (see netsim_ddp.fabric.schedule)
+    noise: NoiseModel | None = None  # the replay's seeded noise: names its stalls in the tail
 
     def __post_init__(self) -> None:
         self.iteration = summarize(self.result.iteration_s)
@@ -67,6 +70,10 @@ class ModeReport:
         node = next(row.node for row in rows if row.rank == rank)
         return StragglerSummary(rank=rank, node=node, iterations=count, of=len(rows),
                                 median_wait_s=statistics.median(waits), max_wait_s=max(waits))
+
+    def attribution(self) -> TailAttribution:
+        """The slow iterations and their causes (measure.attribution)."""
+        return attribute(self.result, noise=self.noise, link_states=self.link_states)
 
     @property
     def scaling_efficiency(self) -> float | None:
@@ -122,6 +129,7 @@ class ModeReport:
                         **({"collective_s": self.collective.as_dict()} if self.collective
                            else {})},
             "stragglers": self.straggler_rows(),
+            "attribution": self.attribution(),
             "straggler_summary": self.straggler_summary(),
             "link_states": self.link_states,
             "scaling_efficiency": self.scaling_efficiency,

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from netsim_ddp.common.tails import SLOW_THRESHOLD
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.document import (
     CalibrationRecord,
@@ -323,6 +324,9 @@ def _mode_rows(entry: ScenarioRecord) -> list[list[str]]:
         comm, compute = s.comm_s, s.compute_s  # None for a user's script
         rows.append([mode, f"{s.iteration_s.median * 1e3:.1f}",
                      f"{s.iteration_s.p95 * 1e3:.1f}",
+                     # the tail (docs/jitter.md); documents written before it hold no p99
+                     f"{s.iteration_s.p99 * 1e3:.1f}" if s.iteration_s.p99 else "-",
+                     f"{s.iteration_s.slow_share:.0%}" if s.iteration_s.p99 else "-",
                      f"{comm.median * 1e3:.1f}" if comm else "-",
                      f"{comm.std * 1e3:.1f}" if comm else "-",
                      f"{compute.median * 1e3:.1f}" if compute else "-",
@@ -330,6 +334,19 @@ def _mode_rows(entry: ScenarioRecord) -> list[list[str]]:
                      f"{m.wire_bytes_per_iteration / 1e6:.1f}",
                      *_collective_cells(m)])
     return rows
+
+
+def _tail_causes(entry: ScenarioRecord) -> str:
+    """One line: per mode with slow iterations, what share of its tail each cause explains
+    (measure.attribution)."""
+    parts = []
+    for mode, m in entry.modes.items():
+        if m.attribution is not None and m.attribution.slow:
+            causes = ", ".join(f"{c.cause} {c.share:.0%}" for c in m.attribution.shares)
+            parts.append(f"{mode}: {len(m.attribution.slow)} slow of "
+                         f"{m.attribution.iterations} ({causes})")
+    return ("The tail (iterations over the median by more than "
+            f"{SLOW_THRESHOLD:.0%}), by cause: " + "; ".join(parts)) if parts else ""
 
 
 def _collective_cells(m: ModeRecord) -> list[str]:
@@ -340,8 +357,8 @@ def _collective_cells(m: ModeRecord) -> list[str]:
             straggler_cell(m.straggler_summary)]
 
 
-MODE_HEADER = ["mode", "iter ms", "p95", "comm ms", "comm sd", "compute ms", "eff", "wire MB",
-               "collective ms", "coll sd", "straggler"]
+MODE_HEADER = ["mode", "iter ms", "p95", "p99", "slow", "comm ms", "comm sd", "compute ms", "eff",
+               "wire MB", "collective ms", "coll sd", "straggler"]
 
 
 def report(results_json_path: str | Path, out_dir: str | Path,
@@ -409,6 +426,8 @@ def _report(document: ResultsDocument, results_json_path: str | Path,
             doc.table(TCP_HEADER, rows)
         if settings := tcp_settings_line(entry):
             doc.para(settings)
+        if tails := _tail_causes(entry):
+            doc.para(tails)
         name = f"jitter-{_slug(entry.name)}.png"
         plot_jitter(entry, out / name)
         doc.image(name, f"{entry.name}: iteration and comm time distributions")

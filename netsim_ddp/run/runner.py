@@ -52,6 +52,7 @@ from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_che
 from netsim_ddp.verdicts.script_checks import framework_checks
 from netsim_ddp.verdicts.tcp_checks import tcp_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel, resolved_trace
 from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
 from netsim_ddp.workload.launcher.window import NODE_ENV
 
@@ -136,10 +137,13 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
 
 
 def _resolved_profile(scenario: Scenario, workload):
-    """workload.profile relative to the scenario file, as an absolute path the ranks read."""
+    """workload.profile (and the noise's trace) relative to the scenario file, as absolute
+    paths the ranks read."""
+    base = scenario.path.parent if scenario.path is not None else Path.cwd()
+    if workload.noise is not None and workload.noise.trace is not None:
+        workload = workload.model_copy(update={"noise": resolved_trace(workload.noise, base)})
     if workload.profile is None or Path(workload.profile).is_absolute():
         return workload
-    base = scenario.path.parent if scenario.path is not None else Path.cwd()
     return workload.model_copy(update={"profile": str((base / workload.profile).resolve())})
 
 
@@ -154,7 +158,8 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
-                                        ranks_per_node=scenario.topology.ranks_per_node)
+                                        ranks_per_node=scenario.topology.ranks_per_node,
+                                        noise=_noise_model(scenario))
     script = scenario.workload is not None and scenario.workload.is_script
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
@@ -174,6 +179,12 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                     else default_expectations(list(report.modes))
                     if scenario.topology.nodes > 1 and not script else [])
     report.checks.extend(evaluate(expectation, report.modes) for expectation in expectations)
+
+
+def _noise_model(scenario: Scenario) -> NoiseModel | None:
+    """The replay's seeded noise, for naming its stalls in the tail (no trace needed)."""
+    workload = scenario.workload
+    return NoiseModel(workload.noise) if workload is not None and workload.noise else None
 
 
 def run_folder(base: Path | None, run_id: str) -> Path:

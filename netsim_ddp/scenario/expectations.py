@@ -12,6 +12,7 @@ from typing import Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from netsim_ddp.common.metrics import SPREAD_STATISTICS, STATISTICS
+from netsim_ddp.common.tails import TAIL_STATISTICS
 
 SERIES = ("iteration_s", "comm_s", "compute_s", "scaling_efficiency", "collective_s")
 SCALARS = ("wire_bytes_per_iteration",)
@@ -57,6 +58,11 @@ class MetricName:
     def is_spread(self) -> bool:
         return self.stat in SPREAD_STATISTICS
 
+    @property
+    def is_tail(self) -> bool:
+        """p99, cv, slow_share: tested by a bootstrap of the statistic itself."""
+        return self.stat in TAIL_STATISTICS
+
 
 class Expectation(BaseModel):
     """A claim about a run: a bound on one mode's metric, absolute or relative to another mode.
@@ -71,7 +77,9 @@ class Expectation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     metric: str = Field(description="SERIES.STATISTIC (e.g. comm_s.median, collective_s.std, "
-                        "iteration_s.p95, scaling_efficiency.median) or wire_bytes_per_iteration.")
+                        "iteration_s.p95, iteration_s.p99, iteration_s.cv, "
+                        "iteration_s.slow_share, scaling_efficiency.median) or "
+                        "wire_bytes_per_iteration.")
     mode: str = Field(description="The mode the claim is about.")
     vs: str | None = Field(None, description="The mode it is compared with (for ratios).")
     max_ratio: float | None = Field(None, gt=0, description="mode <= max_ratio x vs.")

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from netsim_ddp.scenario import units
+from netsim_ddp.scenario.compute_noise import check_episode_nodes
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE, Expectation
 from netsim_ddp.scenario.script_scale import SCRIPT_REPLAY_FIELDS, check_script_scale_model
 from netsim_ddp.scenario.sweep import SweepConfig
@@ -389,6 +390,8 @@ class Scenario(_Strict):
                 raise ValueError(f"{where}: node {override.node!r} is overridden twice")
             seen.add(index)
         _check_schedule(self, names)
+        if self.workload is not None:
+            check_episode_nodes(self.workload.noise, self.topology.nodes)
         for i, flow in enumerate(self.background):
             ends = [_node_index(node, names, f"background.{i}.{role}")
                     for role, node in (("source", flow.source), ("destination", flow.destination))]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from netsim_ddp.precision.modes import MODES, WireDtype, get_mode, mode_names
+from netsim_ddp.scenario.compute_noise import ComputeNoise
 from netsim_ddp.scenario.layouts import generic_layout, layout_names, named_layout
 from netsim_ddp.scenario.units import Count, Duration, Size
 
@@ -66,22 +67,6 @@ class AllreduceProbe(BaseModel):
 MAX_REPLAY_COMPUTE_S = 60.0  # a target step longer than a minute is a typo, not a GPU
 GENERIC_LAYOUT = "generic"
 DEFAULT_FORWARD_FRACTION = 1 / 3  # backward takes about twice the forward
-
-
-class ComputeNoise(BaseModel):
-    """Step-to-step variation of the replayed compute: each rank's step time is multiplied by a
-    factor drawn from this distribution (mean 1, coefficient of variation `spread`), seeded by
-    (seed, rank, iteration), so every mode and every run of the scenario meets the same draws."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    distribution: Literal["normal", "lognormal"] = Field(
-        "lognormal", description="lognormal (never below zero, a right tail as real steps have) "
-        "or normal (truncated at 5% of the mean).")
-    spread: float = Field(
-        0.02, ge=0, le=1, description="Coefficient of variation of the step time, e.g. 0.02; "
-        "a profile's own step-to-step spread is a good value.")
-    seed: int = Field(0, description="Seeds the draws (with the rank and the iteration).")
 
 
 class WorkloadConfig(BaseModel):

@@ -19,6 +19,7 @@ from netsim_ddp.common.metrics import (
     shift_test,
     statistic,
 )
+from netsim_ddp.common.tails import tail_test
 from netsim_ddp.measure.document import CheckRecord, ModeRecord
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.precision.modes import REFERENCE_MODE, compresses
@@ -115,6 +116,13 @@ def _ratio_verdict(e: Expectation, metric: Metric, x: ModeReport, y: ModeReport)
         x_samples, y_samples = metric.samples(x), metric.samples(y)
         if x_samples is None or y_samples is None:  # exact counts: no noise to test against
             ok = within
+        elif metric.is_tail and metric.stat is not None:
+            p = tail_test(x_samples, y_samples, metric.stat, bound, direction)
+            ok = within and p < e.alpha
+            p_worst = max(p_worst or 0.0, p)
+            text += f"; bootstrap p = {p:.2g} (alpha {e.alpha:g})"
+            if within and not ok:
+                text += ": not significant, could be noise"
         else:
             if metric.is_spread:
                 x_samples, y_samples = deviations(x_samples), deviations(y_samples)
@@ -146,7 +154,7 @@ def _absolute_verdict(e: Expectation, metric: Metric, x: ModeReport) -> Verdict:
         sign = "<=" if direction == "less" else ">="
         text = f"{e.mode} {metric.format(value)}; needs {sign} {metric.format(bound)}"
         ok = within
-        if samples is not None and not metric.is_spread:
+        if samples is not None and not metric.is_spread and not metric.is_tail:
             # One-sample Wilcoxon signed-rank test of the location against the bound.
             differences = [v - bound for v in samples]
             if any(differences):
@@ -161,7 +169,7 @@ def _absolute_verdict(e: Expectation, metric: Metric, x: ModeReport) -> Verdict:
 
 # -- baselines: gating a release on regressions ------------------------------------------------
 
-_TOLERANCE = re.compile(r"^(?P<metric>[a-z_]+(?:\.[a-z0-9]+)?):(?P<pct>[0-9]*\.?[0-9]+)%$")
+_TOLERANCE = re.compile(r"^(?P<metric>[a-z_]+(?:\.[a-z0-9_]+)?):(?P<pct>[0-9]*\.?[0-9]+)%$")
 
 
 @dataclass(frozen=True)
@@ -205,7 +213,13 @@ def regression_verdict(scenario: str, mode: str, tolerance: Tolerance,
               f"({'-' if worse_when_lower else '+'}{tolerance.fraction:.0%})")
     samples = metric.samples(current)
     p = None
-    if samples is not None and baseline_samples is not None:
+    if samples is not None and baseline_samples is not None and metric.is_tail \
+            and metric.stat is not None:
+        p = tail_test(samples, baseline_samples, metric.stat, 1.0,
+                      "less" if worse_when_lower else "greater")
+        detail += f", bootstrap p = {p:.2g} (alpha {alpha:g})"
+        regressed = over and p < alpha
+    elif samples is not None and baseline_samples is not None:
         if metric.is_spread:
             samples, baseline_samples = deviations(samples), deviations(baseline_samples)
         test = shift_test(samples, baseline_samples, "less" if worse_when_lower else "greater")

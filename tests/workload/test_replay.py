@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.layouts import named_layout
 from netsim_ddp.scenario.workload import ComputeNoise, WorkloadConfig
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel
 from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, LayerTime
 from netsim_ddp.workload.ranks.replay import (
     ReplayClock,
@@ -179,7 +180,7 @@ def test_backward_never_releases_early_and_fills_real_buckets(group_of_one) -> N
 def test_replay_clock_records_lateness() -> None:
     config = WorkloadConfig(layout="generic", params=2400, compute="10ms")
     schedule = replay_schedule(config, get_mode("fp32"), replay_layout(config))
-    clock = ReplayClock(schedule, 1.0, None, 0)
+    clock = ReplayClock(schedule, 1.0, NoiseModel(None), 0)
     clock.begin_iteration(0)
     clock.start_pass()
     time.sleep(0.03)  # the host was busy past every deadline
@@ -235,3 +236,23 @@ def test_a_replay_on_a_cuda_device_is_refused_before_any_cuda_call(group_of_one,
     with pytest.raises(RuntimeError, match=r"compute replay keeps its model on the CPU.*"
                        r"workload\.backend = 'gloo'"):
         run_mode(config, "fp32", torch.device("cuda", 0), None)
+
+
+def test_a_stall_delays_the_first_pass_and_counts_in_the_scheduled_compute() -> None:
+    """The replay serves the stall it drew before the step's first forward (every release of
+    that pass later by it, k x in host time), and its compute-only time includes it."""
+    config = WorkloadConfig(layout="generic", params=2400, compute="10ms", noise={
+        "spread": 0.0, "stalls": {"probability": 1.0, "scale": "20ms", "max": "20ms"}})
+    schedule = replay_schedule(config, get_mode("fp32"), replay_layout(config))
+    clock = ReplayClock(schedule, 2.0, NoiseModel.load(config.noise), 0)
+    clock.begin_iteration(0)
+    assert clock.stall_s == pytest.approx(0.02)
+    assert clock.step_s(2) == pytest.approx(2.0 * (2 * 0.01 + 0.02))
+    clock.start_pass()
+    started = time.perf_counter()
+    clock.forward()
+    assert time.perf_counter() - started >= 2.0 * (schedule.forward_s + 0.02) - 1e-3
+    clock.start_pass()  # the second micro-batch: the stall is served already
+    started = time.perf_counter()
+    clock.forward()
+    assert time.perf_counter() - started < 2.0 * (schedule.forward_s + 0.02) - 5e-3

@@ -69,7 +69,9 @@ def _replayed_trainer(config: WorkloadConfig, mode: Mode, dilation: float,
                       ) -> tuple[ReplayTrainer, list[Batch], int]:
     """A replayed model in DDP (its buckets are the gradients' own memory: gradient_as_bucket
     _view; its parameters never change, so no start-up broadcast)."""
-    model, clock = build_replay(config, mode, dilation, dist.get_rank())
+    node = int(os.environ.get(NODE_RANK_ENV) or dist.get_rank()
+               // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # slow episodes name nodes
+    model, clock = build_replay(config, mode, dilation, dist.get_rank(), node)
     ddp = DistributedDataParallel(model, bucket_cap_mb=config.bucket_size / 2**20,
                                   gradient_as_bucket_view=True, init_sync=False)
     register_timed(mode, ddp, counter, timer)

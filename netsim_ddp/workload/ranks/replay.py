@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
-import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,10 +40,9 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.modes import Mode
 from netsim_ddp.scenario.layouts import Layer, Layout, generic_layout, named_layout
 from netsim_ddp.scenario.workload import GENERIC_LAYOUT, ComputeNoise, WorkloadConfig
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel, light_factor
 from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, read_profile
 from netsim_ddp.workload.ranks.models import Batch, build_workload
-
-NOISE_FLOOR = 0.05  # a normal draw is truncated here: no step takes (almost) no time
 
 
 def model_layout(model: nn.Module, name: str) -> Layout:
@@ -146,15 +144,8 @@ def replay_schedule(config: WorkloadConfig, mode: Mode, layout: Layout,
 
 
 def noise_factor(noise: ComputeNoise | None, rank: int, iteration: int) -> float:
-    """The step-time multiplier of `rank` in `iteration`: mean 1, coefficient of variation
-    noise.spread; the same for a (seed, rank, iteration) in every mode and run."""
-    if noise is None or noise.spread == 0:
-        return 1.0
-    draw = random.Random(f"{noise.seed}:{rank}:{iteration}")
-    if noise.distribution == "normal":
-        return max(NOISE_FLOOR, draw.gauss(1.0, noise.spread))
-    sigma = math.sqrt(math.log1p(noise.spread**2))  # lognormal with mean 1 and this cv
-    return draw.lognormvariate(-sigma**2 / 2, sigma)
+    """The light step-time multiplier of `rank` in `iteration` (workload.compute_noise)."""
+    return light_factor(noise, rank, iteration)
 
 
 @dataclass
@@ -163,9 +154,13 @@ class ReplayClock:
 
     schedule: ReplaySchedule
     dilation: float
-    noise: ComputeNoise | None
+    noise: NoiseModel
     rank: int
+    node: int = 0
     factor: float = 1.0
+    stall_s: float = 0.0  # target seconds before this step's first forward
+    _shift_s: float = 0.0  # the stall, not yet served (the step's first pass serves it)
+    _pass_shift_s: float = 0.0  # the stall of the current pass
     started: float = 0.0
     late_s: float = 0.0  # the latest release of the current step, against its deadline
     _offsets: list[float] = field(default_factory=list)
@@ -174,22 +169,27 @@ class ReplayClock:
         self._offsets = self.schedule.release_offsets()
 
     def begin_iteration(self, iteration: int) -> None:
-        self.factor = noise_factor(self.noise, self.rank, iteration)
+        drawn = self.noise.step(self.rank, self.node, iteration)
+        self.factor, self.stall_s, self._shift_s = drawn.factor, drawn.stall_s, drawn.stall_s
         self.late_s = 0.0
 
     def start_pass(self) -> None:
         self.started = time.perf_counter()
+        self._pass_shift_s, self._shift_s = self._shift_s, 0.0
 
     def _scale(self, seconds: float) -> float:
         return seconds * self.dilation * self.factor
 
     def _wait_until(self, offset_s: float) -> None:
-        deadline = self.started + self._scale(offset_s)
+        deadline = self.started + self._scale(offset_s) + self._pass_shift_s * self.dilation
         now = time.perf_counter()
         if now < deadline:
             time.sleep(deadline - now)
         else:
-            self.late_s = max(self.late_s, now - deadline)
+            self.note_late(now - deadline)
+
+    def note_late(self, late_s: float) -> None:
+        self.late_s = max(self.late_s, late_s)
 
     def forward(self) -> None:
         self._wait_until(self.schedule.forward_s)
@@ -204,7 +204,8 @@ class ReplayClock:
     def step_s(self, passes: int) -> float:
         """Host seconds one step is scheduled to take: `passes` forward + backward passes
         (micro-batches) and the optimizer."""
-        return self._scale(passes * self.schedule.compute_s + self.schedule.optimizer_s)
+        return (self._scale(passes * self.schedule.compute_s + self.schedule.optimizer_s)
+                + self.stall_s * self.dilation)
 
 
 class _Release(torch.autograd.Function):
@@ -303,10 +304,10 @@ class ReplayTrainer:
 
 
 def build_replay(config: WorkloadConfig, mode: Mode, dilation: float,
-                 rank: int) -> tuple[ReplayModel, ReplayClock]:
+                 rank: int, node: int = 0) -> tuple[ReplayModel, ReplayClock]:
     layout = replay_layout(config)
     schedule = replay_schedule(config, mode, layout, _profile(config))
-    clock = ReplayClock(schedule, dilation, config.noise, rank)
+    clock = ReplayClock(schedule, dilation, NoiseModel.load(config.noise), rank, node)
     return ReplayModel(layout, clock), clock
 
 

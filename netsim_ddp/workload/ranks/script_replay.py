@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,14 +43,15 @@ from torch.utils import _pytree as pytree
 
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel
 from netsim_ddp.workload.launcher.steps import ScriptSpec
+from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 from netsim_ddp.workload.ranks.replay import (
     ReplayClock,
     ReplaySchedule,
     _profile,
     _Release,
     model_layout,
-    noise_factor,
     replay_schedule,
 )
 
@@ -193,10 +195,12 @@ class ScriptReplay:
                 groups.append(group)
         profile = _profile(self.config)
         clocks: dict[bool, ReplayClock] = {}
+        noise = NoiseModel.load(self.config.noise)  # the same seeded stalls and speeds as replay
+        node = int(os.environ.get(NODE_RANK_ENV, "0"))  # the harness hands each node its rank
         for autocast, mode in ((False, "fp32"), (True, "amp")):
             schedule = replay_schedule(self.config, get_mode(mode), layout, profile)
             self._schedules[autocast] = schedule
-            clocks[autocast] = _LateClock(schedule, self.dilation, self.config.noise, self.rank,
+            clocks[autocast] = _LateClock(schedule, self.dilation, noise, self.rank, node,
                                           lateness=self.lateness)
         self.model = ReplayedModule(module, clocks, module.forward, groups=groups)
         module.forward = self.model.replay_forward  # type: ignore[method-assign]
@@ -261,16 +265,9 @@ class _LateClock(ReplayClock):
 
     lateness: StepLateness = field(default_factory=StepLateness)
 
-    def _wait_until(self, offset_s: float) -> None:
-        deadline = self.started + self._scale(offset_s)
-        now = time.perf_counter()
-        if now < deadline:
-            time.sleep(deadline - now)
-        else:
-            self.lateness.note(now - deadline)
-
-    def begin_iteration(self, iteration: int) -> None:
-        self.factor = noise_factor(self.noise, self.rank, iteration)
+    def note_late(self, late_s: float) -> None:
+        super().note_late(late_s)
+        self.lateness.note(late_s)
 
 
 def _refuse_fsdp(*_args: Any, **_kwargs: Any) -> Any:

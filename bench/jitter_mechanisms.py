@@ -1,0 +1,221 @@
+"""Benchmark: the article's jitter, by mechanism - which kinds of noise make step time spread
+grow with the GPU count, and which of them AMP (the fp16 hook) smooths.
+
+Mechanisms (each alone; `mix` all together), on top of a 10GbE scale model (time-dilated,
+compute replayed):
+
+    light     2% lognormal step-to-step noise only (the old scale model)
+    stalls    rare heavy-tailed stalls: p = 1% per rank and step, Pareto from 50 ms
+    gpu       fixed per-GPU speed (Sinha et al. SC'22: ~8%, up to 22%, 2% 1.5x outliers)
+    episode   one node 30% slower for a quarter of the steps
+    mix       all of the above
+
+Parts:
+
+    model     the noise generator alone (no network, no ranks: seconds): per mechanism and
+              GPU count, median / p99 / sd of the slowest rank's compute and the slow share;
+              the theory the end-to-end runs are held to
+    run       end to end: per mechanism, GPU counts x modes (fp32, amp-fp16) through the
+              emulated network; writes OUT/MECHANISM.json (a results document) and
+              OUT/MECHANISM.png (sd and median vs GPUs, report.plots.plot_jitter_by_gpus);
+              prints beside each run the generator's own prediction for the same draws (the
+              slowest rank's compute, no network): what the run should show if the network
+              and the host add nothing
+    attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
+              link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
+              must name 'stall' for the first and 'network' for the second
+    table     print the end-to-end documents found in OUT: median / p99 / sd / slow share,
+              and the tail's causes (measure.attribution)
+
+Without `--full`, `run` is the small version: 2 and 16 GPUs, fp32 only, near-fixed 50 ms
+stalls at p = 1% only, a small generic model at x20; `--full`: 2, 4, 8, 16 GPUs, both modes,
+every mechanism, ResNet-50 at x40 (hours on a 2-core host; run it under the heavy-work lock):
+
+    .venv/bin/python bench/jitter_mechanisms.py model
+    flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --out /tmp/jit
+    .venv/bin/python bench/jitter_mechanisms.py table --out /tmp/jit
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from netsim_ddp import Scenario
+from netsim_ddp.common.tails import percentile, slow_share
+from netsim_ddp.measure.document import ResultsDocument, load_document, save
+from netsim_ddp.report.plots import plot_jitter_by_gpus
+from netsim_ddp.run.runner import run_scenario
+from netsim_ddp.scenario.compute_noise import ComputeNoise
+from netsim_ddp.verdicts.scenario_report import results_document
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel
+
+console = Console(width=140)
+TOPOLOGIES = {2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4)}  # GPUs: (nodes, ranks per node)
+STALLS = {"probability": 0.01, "distribution": "pareto", "scale": "50ms", "shape": 1.5,
+          "max": "2s"}
+GPU = {"spread": 0.08, "max": 0.22, "outlier_probability": 0.02, "outlier_slowdown": 0.5}
+
+
+def mechanisms(steps: int) -> dict[str, dict[str, Any]]:
+    """Each mechanism as a [workload.noise] table."""
+    episode = [{"at": steps // 2, "steps": max(steps // 4, 1), "node": 1, "slowdown": 0.3}]
+    return {
+        "light": {"spread": 0.02},
+        "stalls": {"spread": 0.0, "stalls": STALLS},
+        "gpu": {"spread": 0.0, "gpu_speed": GPU},
+        "episode": {"spread": 0.0, "episode": episode},
+        "mix": {"spread": 0.02, "stalls": STALLS, "gpu_speed": GPU, "episode": episode},
+    }
+
+
+def part_model(steps: int = 4000, compute_s: float = 0.375) -> None:
+    """The generator alone: the slowest rank's compute per step, no network."""
+    table = Table(title=f"noise generator alone: slowest of N ranks, {compute_s * 1e3:.0f} ms "
+                        f"compute, {steps} steps (no network; a model, not a measurement)",
+                  title_justify="left")
+    for column in ("mechanism", "GPUs", "median ms", "p99 ms", "sd ms", "slow", "sd / sd@2"):
+        table.add_column(column, justify="right")
+    for name, noise in mechanisms(steps).items():
+        model = NoiseModel(ComputeNoise.model_validate(noise))
+        base_sd = None
+        for gpus, (_, per_node) in TOPOLOGIES.items():
+            series = [max(model.compute_s(compute_s, rank, rank // per_node, step)
+                          for rank in range(gpus)) for step in range(steps)]
+            sd = statistics.stdev(series)
+            base_sd = sd if base_sd is None else base_sd
+            table.add_row(name, str(gpus), f"{statistics.median(series) * 1e3:.1f}",
+                          f"{percentile(series, 99) * 1e3:.1f}", f"{sd * 1e3:.1f}",
+                          f"{slow_share(series):.1%}", f"{sd / base_sd:.2f}" if base_sd else "-")
+    console.print(table)
+
+
+def _scenario(mechanism: str, noise: dict[str, Any], gpus: int, *, full: bool,
+              iterations: int) -> Scenario:
+    nodes, per_node = TOPOLOGIES[gpus]
+    workload: dict[str, Any] = {
+        "iterations": iterations, "warmup": 2, "noise": {**noise, "seed": 1},
+        "modes": ["fp32", "amp-fp16"] if full else ["fp32"]}
+    if full:
+        workload |= {"layout": "resnet50", "compute": "375ms", "compute_amp": "234ms"}
+        dilation = 40
+    else:  # small: a 4 MB model whose all-reduce is short against 50 ms of compute; x20, at
+        # which 16 ranks' probe is trusted on this 2-core host under load (x10 was refused)
+        workload |= {"layout": "generic", "params": "1M", "compute": "50ms"}
+        dilation = 20
+    return Scenario.from_dict({
+        "name": f"jitter-{mechanism}-{gpus}gpu",
+        "description": f"{mechanism} noise, {gpus} GPUs on 10GbE (bench/jitter_mechanisms.py)",
+        "topology": {"nodes": nodes, "ranks_per_node": per_node},
+        "link": {"rate": "10gbit"}, "emulation": {"dilation": dilation},
+        "workload": workload})
+
+
+def predicted_sd(scenario: Scenario) -> float:
+    """The sd of the slowest rank's compute over the run's measured steps, drawn by the
+    generator alone (no network, no host): the run's noise-only floor."""
+    workload = scenario.workload
+    assert workload is not None and workload.compute is not None
+    model = NoiseModel(workload.noise)
+    per_node = scenario.topology.ranks_per_node
+    world = scenario.topology.nodes * per_node
+    series = [max(model.compute_s(workload.compute, rank, rank // per_node,
+                                  workload.warmup + step) for rank in range(world))
+              for step in range(workload.iterations)]
+    return statistics.stdev(series)
+
+
+# The small run's stalls: near-fixed 50 ms (the theory's Bernoulli case, whose sd ratio 16 / 2
+# GPUs is ~2.5 at p = 1%); a Pareto tail's sd over a few hundred steps rests on its few largest
+# draws and says little about the ratio.
+SMALL_STALLS = {"probability": 0.01, "distribution": "lognormal", "scale": "50ms", "shape": 0.1}
+
+
+def part_run(out: Path, *, full: bool, iterations: int) -> None:
+    chosen = (mechanisms(iterations) if full
+              else {"stalls": {"spread": 0.0, "stalls": SMALL_STALLS}})
+    counts = list(TOPOLOGIES) if full else [2, 16]
+    for mechanism, noise in chosen.items():
+        reports = []
+        for gpus in counts:
+            scenario = _scenario(mechanism, noise, gpus, full=full, iterations=iterations)
+            started = time.monotonic()
+            report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
+            console.print(f"{scenario.name}: {report.status} in "
+                          f"{time.monotonic() - started:.0f} s "
+                          f"{report.refused or report.error or ''}; the generator alone "
+                          f"predicts fp32 sd {predicted_sd(scenario) * 1e3:.1f} ms")
+            reports.append(report)
+        document = results_document(reports)
+        save(document, out / f"{mechanism}.json")
+        plot_jitter_by_gpus(document.scenarios, out / f"{mechanism}.png",
+                            f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
+
+
+def part_attribution(out: Path, iterations: int) -> None:
+    stalls = _scenario("stalls-only", {"spread": 0.0, "stalls": {**STALLS, "probability": 0.05}},
+                       2, full=False, iterations=iterations)
+    flaps = Scenario.from_dict({
+        **_scenario("flaps-only", {"spread": 0.02}, 2, full=False,
+                    iterations=iterations).model_dump(mode="json", exclude_none=True),
+        "link": {"rate": "10gbit", "schedule": [
+            {"at": f"{at}s", "down": "100ms"} for at in (0.5, 1.3, 2.1, 2.9)]}})
+    reports = [run_scenario(s, out_dir=out / "runs", progress=console.print)
+               for s in (stalls, flaps)]
+    save(results_document(reports), out / "attribution.json")
+
+
+def _table(name: str, document: ResultsDocument) -> Table:
+    notices = {s.emulation.notice for s in document.scenarios if s.emulation}
+    table = Table(title=f"{name}, end to end; " + "; ".join(sorted(notices)),
+                  title_justify="left")
+    for column in ("scenario", "mode", "GPUs", "median ms", "p99 ms", "sd ms", "cv", "slow",
+                   "causes of the tail"):
+        table.add_column(column, justify="right")
+    for record in document.scenarios:
+        for mode, m in record.modes.items():
+            s = m.summary.iteration_s
+            causes = (", ".join(f"{c.cause} {c.share:.0%} ({c.iterations})"
+                                for c in m.attribution.shares)
+                      if m.attribution else "-")
+            table.add_row(record.name, mode, str(m.world_size), f"{s.median * 1e3:.1f}",
+                          f"{s.p99 * 1e3:.1f}", f"{s.std * 1e3:.1f}", f"{s.cv:.1%}",
+                          f"{s.slow_share:.0%}", causes or "-")
+    return table
+
+
+def part_table(out: Path) -> None:
+    for path in sorted(out.glob("*.json")):
+        console.print(_table(path.stem, load_document(path)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=["model", "run", "attribution", "table"])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--full", action="store_true", help="every mechanism, 2..16 GPUs, "
+                        "fp32 and amp-fp16, ResNet-50 at x40 (hours here)")
+    parser.add_argument("--iterations", type=int, default=60)
+    args = parser.parse_args()
+    if args.part == "model":
+        part_model()
+        return
+    if args.out is None:
+        parser.error(f"{args.part} needs --out")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.part == "run":
+        part_run(args.out, full=args.full, iterations=args.iterations)
+    if args.part == "attribution":
+        part_attribution(args.out, args.iterations)
+    part_table(args.out)
+
+
+if __name__ == "__main__":
+    main()

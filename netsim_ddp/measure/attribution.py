@@ -1,0 +1,166 @@
+"""Why the slow iterations were slow: for each one (common.tails), the rank that was last and
+the cause the run's evidence names, and what share of the tail each cause explains.
+
+The evidence, in order:
+- compute: the ranks record their compute per step (a replay its schedule, noise and stalls
+  included; real compute its compute-only step). When the slowest rank's compute lies above
+  the job's typical compute by at least COMPUTE_EXPLAINS of the iteration's excess over the
+  median iteration, compute was late: 'stall' when the replay drew a stall for that rank and
+  step covering at least half of it (the scenario's seeded noise says so, workload.
+  compute_noise), else 'compute' (a slow GPU, a slow episode, the light noise, real compute).
+- network: otherwise the collective was slow. Counter series sampled on the nodes during the
+  run (CounterSeries: qdisc drops; the TCP counters of the dilated-TCP work - retransmissions,
+  timeouts - once a run records them) that grew inside the iteration's window, and a link
+  change in force (link.schedule), are its evidence; without any, 'network' is named by
+  elimination and says so.
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from netsim_ddp.common.tails import SLOW_THRESHOLD, slow_iterations
+from netsim_ddp.workload.launcher.compute_noise import NoiseModel
+from netsim_ddp.workload.launcher.results import ModeResult
+
+INITIAL_STATE = "initial"  # fabric.schedule's label of an iteration before any change
+COMPUTE_EXPLAINS = 0.5  # of an iteration's excess: a compute excess this large is its cause
+CAUSES = ("stall", "compute", "network")
+
+
+@dataclass(frozen=True)
+class CounterSeries:
+    """A counter sampled on one node during the run: (CLOCK_MONOTONIC s, value) in time order,
+    e.g. 'qdisc drops' or 'TCP retransmissions'. Its growth inside an iteration's window is
+    network evidence for that iteration."""
+
+    name: str
+    node: int | None  # None: the whole fabric
+    samples: Sequence[tuple[float, float]]
+
+    def _at(self, when: float) -> float:
+        index = bisect.bisect_right([t for t, _ in self.samples], when) - 1
+        return self.samples[index][1] if index >= 0 else self.samples[0][1]
+
+    def growth(self, start: float, end: float) -> float:
+        """How much the counter grew between the last sample before `start` and the last one
+        before `end` (a coarse sample makes the window wider, never hides growth)."""
+        if not self.samples:
+            return 0.0
+        later = next((value for t, value in self.samples if t >= end), self.samples[-1][1])
+        return later - self._at(start)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SlowIteration(_Strict):
+    """One slow iteration and its cause."""
+
+    iteration: int = Field(description="Measured iteration (0: the first after warm-up).")
+    excess_s: float = Field(description="Its time over the median iteration (target s).")
+    rank: int = Field(description="The rank that was last: whose backward finished last, "
+                      "else whose compute was longest.")
+    cause: str = Field(description="stall, compute or network.")
+    detail: str = Field(description="The evidence, as people read it.")
+
+
+class CauseShare(_Strict):
+    """What one cause explains of the tail."""
+
+    cause: str
+    iterations: int
+    excess_s: float = Field(description="Summed excess over the median of its iterations.")
+    share: float = Field(description="Its share of the tail's summed excess (0..1).")
+
+
+class TailAttribution(_Strict):
+    """The slow iterations of one mode, each with its cause, and the shares per cause."""
+
+    threshold: float = Field(SLOW_THRESHOLD, description="Slow: above the median by more than "
+                             "this fraction of it.")
+    iterations: int = Field(description="Measured iterations.")
+    slow: list[SlowIteration]
+    shares: list[CauseShare]
+
+
+def _last_rank(result: ModeResult, index: int, compute: dict[int, float]) -> int:
+    if result.stragglers is not None and index < len(result.stragglers):
+        return result.stragglers[index].rank
+    return max(compute, key=compute.__getitem__)
+
+
+def _network_evidence(result: ModeResult, index: int, counters: Sequence[CounterSeries],
+                      link_states: Sequence[str] | None) -> list[str]:
+    found = []
+    starts = result.started_monotonic
+    host = (result.host_s or {}).get("iteration_s") or [t * result.dilation
+                                                         for t in result.iteration_s]
+    if starts is not None and index < len(starts):
+        start, end = starts[index], starts[index] + host[index]
+        for series in counters:
+            grew = series.growth(start, end)
+            if grew > 0:
+                where = f"node {series.node} " if series.node is not None else ""
+                found.append(f"{where}{series.name} +{grew:g}")
+    state = link_states[index] if link_states is not None and index < len(link_states) else ""
+    if state and state != INITIAL_STATE:  # the schedule had changed a link (or did, then)
+        found.append(f"link schedule: {state}")
+    return found
+
+
+def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
+              counters: Sequence[CounterSeries] = (),
+              link_states: Sequence[str] | None = None,
+              threshold: float = SLOW_THRESHOLD) -> TailAttribution:
+    """The slow iterations of `result` (in the target's time) and their causes."""
+    series = result.iteration_s
+    median = statistics.median(series) if series else 0.0
+    ranks = [r for r in result.ranks if r.compute_s]
+    typical = statistics.median([c for r in ranks for c in r.compute_s]) if ranks else 0.0
+    nodes = {r.rank: r.node_rank if r.node_rank is not None else 0 for r in result.ranks}
+    slow = []
+    for index in slow_iterations(series, threshold):
+        excess = series[index] - median
+        compute = {r.rank: r.compute_s[index] for r in ranks if index < len(r.compute_s)}
+        rank = _last_rank(result, index, compute) if compute or result.stragglers else -1
+        late = max(compute.values(), default=typical) - typical
+        slowest = max(compute, key=compute.__getitem__) if compute else rank
+        if compute and late >= COMPUTE_EXPLAINS * excess:
+            stall = (noise.step(slowest, nodes.get(slowest, 0),
+                                result.warmup + index).stall_s if noise is not None else 0.0)
+            cause = "stall" if stall >= 0.5 * late else "compute"
+            detail = (f"rank {slowest}'s compute {late * 1e3:+.1f} ms over the typical "
+                      f"{typical * 1e3:.1f} ms" + (f" (a {stall * 1e3:.1f} ms stall drawn)"
+                                                   if stall else ""))
+            rank = slowest
+        else:
+            evidence = _network_evidence(result, index, counters, link_states)
+            cause = "network"
+            detail = ("collective slow; " + "; ".join(evidence) if evidence else
+                      f"collective slow (compute explains {max(late, 0) * 1e3:.1f} of "
+                      f"{excess * 1e3:.1f} ms; no network counters recorded: by elimination)")
+        slow.append(SlowIteration(iteration=index, excess_s=excess, rank=rank, cause=cause,
+                                  detail=detail))
+    total = sum(s.excess_s for s in slow)
+    shares = []
+    for cause in CAUSES:
+        mine = [s for s in slow if s.cause == cause]
+        if mine:
+            summed = sum(s.excess_s for s in mine)
+            shares.append(CauseShare(cause=cause, iterations=len(mine), excess_s=summed,
+                                     share=summed / total if total else 0.0))
+    return TailAttribution(threshold=threshold, iterations=len(series), slow=slow,
+                           shares=shares)
+
+
+__all__ = ["CAUSES", "COMPUTE_EXPLAINS", "CauseShare", "CounterSeries", "SlowIteration",
+           "TailAttribution", "attribute"]
