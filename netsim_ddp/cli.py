@@ -33,7 +33,7 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
+def _load_all(paths: tuple[str, ...], host_check: bool = True) -> list[Scenario]:
     """Every scenario, validated and checked against what this host can hold (every point of
     a sweep too), before anything is built: the first bad one ends the command."""
     from netsim_ddp.scenario.limits import HostResources, check_host
@@ -43,7 +43,8 @@ def _load_all(paths: tuple[str, ...]) -> list[Scenario]:
     for path in paths:
         try:
             scenario = Scenario.load(path)
-            check_host(scenario, host)
+            if host_check:
+                check_host(scenario, host)
         except ScenarioError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
         scenarios.append(scenario)
@@ -232,19 +233,40 @@ def schema() -> None:
     click.echo(Scenario.json_schema())
 
 
+class MachineParam(click.ParamType):
+    """A kind of machine, 'cores=16,memory=64GiB' (scenario.sizing.MachineSpec)."""
+
+    name = "machine"
+
+    def convert(self, value, param, ctx):
+        from netsim_ddp.scenario.sizing import MachineSpec
+
+        if isinstance(value, MachineSpec):
+            return value
+        try:
+            return MachineSpec.parse(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 @main.command()
 @click.argument("file")
 @click.option("--gpus", type=click.IntRange(min=0), default=None,
               help="Plan the ranks for a host with this many GPUs (default: this host's).")
-def plan(file: str, gpus: int | None) -> None:
-    """Show the network a scenario builds and where its ranks run, without building it."""
+@click.option("--machine", type=MachineParam(), default=None, metavar="cores=N,memory=SIZE",
+              help="Size the scenario in machines of this kind: how many it needs at which "
+              "dilation (e.g. cores=16,memory=64GiB).")
+def plan(file: str, gpus: int | None, machine) -> None:
+    """Show the network a scenario builds and where its ranks run, whether this host holds
+    it, and (--machine) how many machines of a kind it needs; builds nothing. Exit 1 if it
+    does not fit this host (without --machine) or no machine of the kind holds one node."""
     import ipaddress
 
     from .fabric import FabricError
     from .fabric.capabilities import probe_capabilities
     from .fabric.plan import plan_fabric
 
-    (scenario,) = _load_all((file,))
+    (scenario,) = _load_all((file,), host_check=False)
     subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
     impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
     try:  # which delay backend applies depends on this host's kernel
@@ -266,6 +288,27 @@ def plan(file: str, gpus: int | None) -> None:
     out.print(table)
     if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
         sys.exit(EXIT_FAILED)
+    if not _print_fit(scenario, machine):
+        sys.exit(EXIT_FAILED)
+
+
+def _print_fit(scenario: Scenario, machine) -> bool:
+    """Whether this host holds the scenario; with a machine kind, how many it needs."""
+    from netsim_ddp.report.sizing import host_fit, sizing_summary, sizing_table
+    from netsim_ddp.scenario.limits import HostResources
+    from netsim_ddp.scenario.sizing import size_machines
+
+    fits, lines = host_fit(scenario, HostResources.probe())
+    for line in lines:
+        out.print(escape(line), soft_wrap=True)
+    if machine is None:
+        return fits
+    sizing = size_machines(scenario, machine)
+    k = scenario.emulation.dilation if scenario.emulation else 1.0
+    this_k = None if k == "auto" else float(k)
+    out.print(sizing_table(sizing, this_k))
+    out.print(escape(sizing_summary(sizing, this_k)), soft_wrap=True)
+    return any(row.machines for row in sizing.rows)
 
 
 def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:
