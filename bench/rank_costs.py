@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
-SCALING_POINTS = (2, 4, 8)  # nodes of 4 ranks: 8, 16, 32 ranks
+SCALING_POINTS = (8, 2, 4)  # nodes of 4 ranks: 32 (the shipped run, first), 8, 16 ranks
 
 
 def smaps(pid: int | str = "self") -> dict[str, int]:
@@ -189,15 +189,25 @@ class Sampler(threading.Thread):
             self.sample()
 
     def sample(self) -> None:
-        agents = {}
+        parents = {}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if b"netsim_ddp.workload.agent" not in (entry / "cmdline").read_bytes():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
                     continue
-                stat = (entry / "stat").read_text()
-                agents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        ours = {os.getpid()}  # this run's processes only (other work runs agents too)
+        grew = True
+        while grew:
+            found = {pid for pid, ppid in parents.items() if ppid in ours} - ours
+            grew = bool(found)
+            ours |= found
+        agents = {}
+        for pid in ours - {os.getpid()}:
+            try:
+                if b"netsim_ddp.workload.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    agents[pid] = parents[pid]
             except OSError:
                 continue
         for pid, ppid in agents.items():
@@ -223,6 +233,7 @@ def part_scaling(out: Path) -> list[dict]:
     import statistics
 
     from netsim_ddp import Scenario
+    from netsim_ddp.measure.document import save
     from netsim_ddp.run.runner import run_scenario
     from netsim_ddp.verdicts.scenario_report import results_document
 
@@ -262,15 +273,20 @@ def part_scaling(out: Path) -> list[dict]:
             "dilation": scenario.emulation.dilation if scenario.emulation else 1,
         })
         print(json.dumps(points[-1]))
+        for check in report.checks:
+            if not check.passed:
+                print(f"{scenario.name}: FAILED {check.name}: {check.detail}")
+        if report.refused or report.error:
+            print(f"{scenario.name}: {report.refused or report.error}")
         reports.append(report)
+        save(results_document(reports), out / "scaling-runs.json")
         (out / "scaling.json").write_text(json.dumps(points, indent=1))
-    from netsim_ddp.measure.document import save
 
-    save(results_document(reports), out / "scaling-runs.json")
     return points
 
 
 def table_scaling(points: list[dict]) -> None:
+    points = sorted(points, key=lambda point: point["ranks"])
     first = points[0]
     print("\nscale model 10GbE ResNet-50 replayed, fp32, x4 ranks per node: peak per process "
           "(sampled) and the whole run's CPU (ratio to the first point in brackets)")
