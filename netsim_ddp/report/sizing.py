@@ -26,7 +26,8 @@ def _dilation(scenario: Scenario) -> float | None:
 
 
 def host_fit(scenario: Scenario, host: HostResources) -> tuple[bool, list[str]]:
-    """Whether this host holds the scenario, and the lines that say why."""
+    """Whether this host holds the scenario (scenario.limits), and the lines that say why and
+    whether its CPU is likely to keep up (rank_costs; gloo ranks only)."""
     processes, models = scenario_memory_bytes(scenario)
     machine = MachineSpec.this_host(host.memory_bytes)
     lines = [f"memory: about {format_size(processes + models)} ({format_size(processes)} "
@@ -40,16 +41,17 @@ def host_fit(scenario: Scenario, host: HostResources) -> tuple[bool, list[str]]:
         fits = False
         lines.append(f"refused here: {exc}")
     k = _dilation(scenario)
-    if scenario.workload is not None and k is not None:
+    workload = scenario.workload
+    if workload is not None and k is not None and workload.backend != "nccl":
+        # Advice, not a refusal: the fidelity probe is what decides whether the host kept up.
         cores = scenario_cores(scenario, k)
         budget = machine.cores * CPU_BUDGET
-        enough = cores <= budget
         lines.append(f"CPU at x{k:g}: the ranks keep about {cores:.2f} of {machine.cores} cores "
                      f"busy while they all-reduce (budget {budget:g}: "
-                     + ("within it)" if enough else "over it: expect the fidelity probe to "
-                        "refuse; raise emulation.dilation)"))
-        fits = fits and enough
-    lines.append("fits this host" if fits else "does NOT fit this host")
+                     + ("within it)" if cores <= budget else "over it: expect the fidelity "
+                        "probe to refuse; raise emulation.dilation)"))
+    lines.append("fits this host's memory and limits" if fits
+                 else "does NOT fit this host")
     return fits, lines
 
 
