@@ -6,7 +6,10 @@ Parts:
               stage: resident (RSS) and proportional (PSS) set size from /proc/PID/
               smaps_rollup after the interpreter, `import torch`, what the agent imports before
               it forks (torch._dynamo, the rank module), the process group (gloo), the replay
-              model in DDP (its buckets), and after steps (gloo's buffers, a hook's copies)
+              model in DDP (its buckets), after steps (gloo's buffers, a hook's copies) and
+              after a full gc.collect() (which copies the agent's Python heap into each rank
+              unless the agent froze it before forking, as workload/agent.py does;
+              RANK_COSTS_NO_FREEZE=1 measures without)
     scaling   the 10GbE ResNet-50 scale model (scenarios/scale/10gbe-32gpu.toml, x80) at 8 and 16
               ranks (2 and 4 nodes x 4, 2 iterations) and as shipped (32 ranks, 8 x 4, 5
               iterations; its results document is OUT/scaling-runs.json): peak RSS and PSS per rank
@@ -81,6 +84,10 @@ def _rank(rank: int, world: int, port: int, layout: str, mode: str, steps: int,
         trainer.begin_iteration(index)
         trainer.step(batches[:1], sync=True)
     stage(f"{steps} steps")
+    import gc
+
+    gc.collect()  # a full collection touches every tracked object: copy-on-write unless frozen
+    stage("gc.collect()")
     dist.destroy_process_group()
 
 
@@ -120,7 +127,7 @@ def _parts_child(out: Path, layout: str, ranks: int, mode: str, steps: int) -> N
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    if os.environ.get("RANK_COSTS_FREEZE"):  # what the agent does (workload/agent.py)
+    if not os.environ.get("RANK_COSTS_NO_FREEZE"):  # what the agent does (workload/agent.py)
         import gc
 
         gc.freeze()
@@ -132,7 +139,7 @@ def _parts_child(out: Path, layout: str, ranks: int, mode: str, steps: int) -> N
         child.start()
     stages: dict[str, list[dict[str, int]]] = {}
     agent_during: dict[str, int] = {}
-    expected = 5 * ranks
+    expected = 6 * ranks
     for _ in range(expected):
         r, name, fields = queue.get(timeout=600)
         stages.setdefault(name, []).append(fields)
