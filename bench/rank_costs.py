@@ -236,7 +236,7 @@ def _cpu_s() -> float:
     return total
 
 
-def part_scaling(out: Path) -> list[dict]:
+def part_scaling(out: Path, points_nodes: tuple[int, ...] = SCALING_POINTS) -> list[dict]:
     import statistics
 
     from netsim_ddp import Scenario
@@ -246,7 +246,7 @@ def part_scaling(out: Path) -> list[dict]:
 
     base = Scenario.load(ROOT / "scenarios" / "scale" / "10gbe-32gpu.toml")
     points, reports = [], []
-    for nodes in SCALING_POINTS:
+    for nodes in points_nodes:
         scenario = base
         if nodes != base.topology.nodes:  # the smaller points: 2 iterations, for time
             data = base.model_dump(mode="json", exclude_none=True)
@@ -329,6 +329,8 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--mode", default="fp32")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--nodes", type=int, nargs="+", default=list(SCALING_POINTS),
+                        help="scaling: the points, in nodes of 4 ranks (default 8 2 4)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "_parts":
@@ -337,7 +339,7 @@ def main() -> None:
     if args.part == "parts":
         part_parts(args.out, args.layout, args.ranks, args.mode, args.steps)
     elif args.part == "scaling":
-        part_scaling(args.out)
+        part_scaling(args.out, tuple(args.nodes))
     for path in sorted(args.out.glob("parts-*.json")):
         table_parts(json.loads(path.read_text()))
     if (args.out / "scaling.json").exists():
