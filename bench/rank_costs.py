@@ -10,7 +10,7 @@ Parts:
               after a full gc.collect() (which copies the agent's Python heap into each rank
               unless the agent froze it before forking, as workload/agent.py does;
               RANK_COSTS_NO_FREEZE=1 measures without)
-    scaling   the 10GbE ResNet-50 scale model (scenarios/scale/10gbe-32gpu.toml, x80) at 8 and 16
+    scaling   the 10GbE ResNet-50 scale model (scenarios/scale/10gbe-32gpu.toml, its k) at 8 and 16
               ranks (2 and 4 nodes x 4, 2 iterations) and as shipped (32 ranks, 8 x 4, 5
               iterations; its results document is OUT/scaling-runs.json): peak RSS and PSS per rank
               and per agent sampled from /proc during the run, the CPU the run took (every

@@ -13,6 +13,9 @@ rank costs"), torch 2.13 CPU, gloo:
 - a rank that computes holds weights, gradients, momentum, buckets (4 bytes each) and
   autocast's 16-bit copies: 20 bytes per parameter, and (torchrun on a GPU host, not forked) a
   whole process of its own;
+- in real runs (8 and 16 ranks of ResNet-50, fp32 and amp-fp16, sampled) every rank and agent
+  together held 326-331 MiB of PSS per rank: with the buckets deducted, ~100-105 MiB per rank
+  of its own (it copies the agent's pages it writes, refcounts included);
 - the host's CPU goes to moving the ranks' bytes (gloo over TCP through veths and tc): this
   host saturated its 2 cores at ~10.4 Gbit/s of rank sends (2 ranks at 10 Gbit/s: probe 52%),
   and the probe trusts a scale model whose ranks demand at most about half the cores.
@@ -28,7 +31,10 @@ from netsim_ddp.scenario.spec import Scenario
 
 MiB, GiB = 2**20, 2**30
 AGENT_BYTES = 320 * MiB  # a node's agent: torch imported once, shared with its forked ranks
-FORKED_RANK_BYTES = 48 * MiB  # a forked rank's own pages and gloo's buffers, before buckets
+# A forked rank's own pages before its buckets: ~12 MiB at start, gloo's ~30 MiB, and the
+# agent's pages it copies as it runs (refcounts write to shared objects): 100-105 MiB in real
+# runs of 8 and 16 ranks (bench/rank_costs.py scaling: all processes' PSS, buckets deducted).
+FORKED_RANK_BYTES = 112 * MiB
 PROCESS_BYTES = 224 * MiB  # a process that imports torch by itself (torchrun's ranks, NCCL)
 REPLAY_BYTES_PER_PARAM = 4  # DDP's fp32 buckets; the parameters are the zero page
 HOOK_BYTES_PER_PARAM = 2  # a 16-bit compression hook's copy of each bucket
