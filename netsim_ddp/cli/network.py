@@ -11,6 +11,7 @@ from netsim_ddp.cli.app import (
     EXIT_FAILED,
     EXIT_OK,
     FiniteFloat,
+    MachineParam,
     NetworkCommand,
     _fail,
     _human,
@@ -82,15 +83,20 @@ def schema() -> None:
 @click.argument("file")
 @click.option("--gpus", type=click.IntRange(min=0), default=None,
               help="Plan the ranks for a host with this many GPUs (default: this host's).")
-def plan(file: str, gpus: int | None) -> None:
-    """Show the network a scenario builds and where its ranks run, without building it."""
+@click.option("--machine", type=MachineParam(), default=None, metavar="cores=N,memory=SIZE",
+              help="Size the scenario in machines of this kind: how many it needs at which "
+              "dilation (e.g. cores=16,memory=64GiB).")
+def plan(file: str, gpus: int | None, machine) -> None:
+    """Show the network a scenario builds and where its ranks run, whether this host holds
+    it, and (--machine) how many machines of a kind it needs; builds nothing. Exit 1 if it
+    does not fit this host (without --machine) or no machine of the kind holds one node."""
     import ipaddress
 
     from netsim_ddp.fabric import FabricError
     from netsim_ddp.fabric.capabilities import probe_capabilities
     from netsim_ddp.fabric.plan import plan_fabric
 
-    (scenario,) = _load_all((file,))
+    (scenario,) = _load_all((file,), host_check=False)
     subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
     impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
     try:  # which delay backend applies depends on this host's kernel
@@ -102,6 +108,27 @@ def plan(file: str, gpus: int | None) -> None:
     out.print(table)
     if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
         sys.exit(EXIT_FAILED)
+    if not _print_fit(scenario, machine):
+        sys.exit(EXIT_FAILED)
+
+
+def _print_fit(scenario: Scenario, machine) -> bool:
+    """Whether this host holds the scenario; with a machine kind, how many it needs."""
+    from netsim_ddp.report.sizing import host_fit, sizing_summary, sizing_table
+    from netsim_ddp.scenario.limits import HostResources
+    from netsim_ddp.scenario.sizing import size_machines
+
+    fits, lines = host_fit(scenario, HostResources.probe())
+    for line in lines:
+        out.print(escape(line), soft_wrap=True)
+    if machine is None:
+        return fits
+    sizing = size_machines(scenario, machine)
+    k = scenario.emulation.dilation if scenario.emulation else 1.0
+    this_k = None if k == "auto" else float(k)
+    out.print(sizing_table(sizing, this_k))
+    out.print(escape(sizing_summary(sizing, this_k)), soft_wrap=True)
+    return any(row.machines for row in sizing.rows)
 
 
 def _print_placement(scenario: Scenario, fabric_plan, gpus: int | None) -> bool:

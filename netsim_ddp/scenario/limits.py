@@ -13,19 +13,10 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from netsim_ddp.scenario.rank_costs import bytes_per_param, scenario_memory_bytes
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.scenario.units import format_size
 
-# A process that imported torch and torch.distributed (the CPU wheel's resident size, with a
-# little headroom); torchrun's agent on each node imports it as well. An agent that forks its
-# ranks (workload/agent.py) is ~300 MiB with torch._dynamo, and its ranks share those pages
-# until they write them: this size per rank and per agent still covers it.
-PROCESS_BYTES = 224 * 2**20
-# Per parameter and rank: fp32 weights, gradients, SGD momentum and DDP's gradient buckets
-# (4 bytes each), plus autocast's 16-bit copies.
-BYTES_PER_PARAM = 4 * 4 + 2 * 2
-# A background flow is a sender and a receiver process without torch.
-FLOW_BYTES = 2 * 40 * 2**20
 # A queued frame costs the kernel more than its bytes (sk_buff, page rounding): twice is a
 # conservative truesize.
 QUEUE_OVERHEAD = 2
@@ -89,17 +80,19 @@ def _check_one(scenario: Scenario, host: HostResources, *, point: bool) -> None:
 
     if scenario.workload is None:
         return
-    base = (nodes + ranks) * PROCESS_BYTES + flows * FLOW_BYTES
-    model = ranks * scenario.workload.params * BYTES_PER_PARAM
+    # What the ranks really hold (rank_costs, measured): a replayed rank only DDP's buckets.
+    base, model = scenario_memory_bytes(scenario)
     if base > host.memory_bytes:
         refuse("topology.ranks_per_node", f"{asked} ({ranks} ranks, {nodes} torchrun agents) "
                f"need about {format_size(base)} before any model; this host has "
                f"{format_size(host.memory_bytes)} of memory")
     if base + model > host.memory_bytes:
+        held = "DDP's buckets" if scenario.workload.replayed else "weights, gradients, state"
         refuse("workload.params", f"{ranks} ranks of a {scenario.workload.params:,}-parameter "
-               f"model need about {format_size(base + model)} ({BYTES_PER_PARAM} bytes per "
-               f"parameter per rank, {format_size(PROCESS_BYTES)} per process); this host has "
-               f"{format_size(host.memory_bytes)} of memory")
+               f"model need about {format_size(base + model)} ({bytes_per_param(scenario)} "
+               f"bytes per parameter per rank: {held}; {format_size(base)} for the "
+               f"processes); this host has {format_size(host.memory_bytes)} of memory (see "
+               "`netsim-ddp plan --machine` for how many machines it needs)")
 
 
 def _memory_bytes() -> int:

@@ -18,6 +18,7 @@ torchrun itself (launch.agent_module decides).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{__name__} starts {' or '.join(entries)} only (-m MODULE)")
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
+    # Move everything imported so far out of the collector's reach: a rank's full collection
+    # (rank.py runs one between modes) would otherwise write to every object's header and
+    # copy the agent's Python heap into each rank (measured: +49 MiB per ResNet-50 rank;
+    # bench/rank_costs.py parts).
+    gc.freeze()
     elastic_launch(config=config, entrypoint=entries[args.training_script])(
         list(args.training_script_args))
 
