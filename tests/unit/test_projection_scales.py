@@ -64,7 +64,8 @@ def test_the_benchmark_prints_the_table_and_passes():
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert any(line.startswith("calibrated on") and "worst" in line for line in lines)
-    assert sum("FLAGGED" in line for line in lines) == 3
+    assert sum("FLAGGED" in line for line in lines) == 3 + len(BENCHED.PER_SERVER_ROWS)
+    assert any(line.startswith("Across GPUs-per-server counts (6 rows") for line in lines)
     assert not any("MISSED" in line for line in lines)
 
 
