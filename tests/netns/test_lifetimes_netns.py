@@ -121,9 +121,9 @@ def test_sigkill_of_the_harness_ends_every_process_of_the_run_within_a_second(tm
         # What SIGKILL does leave (as root: the named, empty namespaces) is reported at the
         # start of the next run, and `clean` finds no process left to kill.
         assert not any(netns.pids_in(info["namespaces"]).values())  # the kernel did it
-        from netsim_ddp import cli
+        from netsim_ddp.cli import run as run_commands
 
-        cli._warn_about_stale_runs()
+        run_commands._warn_about_stale_runs()
         assert "`netsim-ddp clean` removes them" in capsys.readouterr().err
     finally:
         holder.kill()
