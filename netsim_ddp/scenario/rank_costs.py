@@ -74,8 +74,8 @@ def bytes_per_param(scenario: Scenario) -> int:
     workload = scenario.workload
     if workload is None:
         return 0
-    if not workload.replayed:
-        return COMPUTE_BYTES_PER_PARAM
+    if not workload.replayed or workload.is_script:  # a script's model, optimizer and all are
+        return COMPUTE_BYTES_PER_PARAM                 # real (only its compute is replayed)
     hooked = any(get_mode(name).wire_dtype != "float32" for name in workload.modes)
     return REPLAY_BYTES_PER_PARAM + (HOOK_BYTES_PER_PARAM if hooked else 0)
 

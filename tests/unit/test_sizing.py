@@ -56,6 +56,18 @@ def test_a_replayed_rank_holds_buckets_and_a_16_bit_hook_its_copies():
     assert bytes_per_param(scenario(replay=False)) == 20
 
 
+def test_a_replayed_script_is_charged_its_real_model_and_variant_names_are_not_modes():
+    """A script in a scale model replays only its compute: its weights, gradients and optimizer
+    are real; its variants ('script', 'release') are names, not precision modes."""
+    script = Scenario.from_dict({
+        "name": "s", "topology": {"nodes": 2, "ranks_per_node": 2}, "link": {"rate": "10gbit"},
+        "emulation": {"dilation": 40},
+        "workload": {"command": ["train.py"], "compute": "100ms", "params": "1M",
+                     "variant": [{"name": "script"}, {"name": "release"}]}}, "s.toml")
+    assert bytes_per_param(script) == 20
+    check_host(script, THIS_KIND)
+
+
 def test_32_resnet50_ranks_fit_this_kind_of_host_with_room():
     shipped = Scenario.load(SCALE / "10gbe-32gpu.toml")
     check_host(shipped, THIS_KIND)
