@@ -45,6 +45,7 @@ from pathlib import Path
 
 from netsim_ddp.projection.calibrate import MIB, Calibration, load
 from netsim_ddp.projection.cluster import Cluster, allreduce_time, check_network, load_cluster
+from netsim_ddp.projection.file_holdout import HeldOutErrors
 from netsim_ddp.scenario.units import format_size, parse_rate, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ H100_FILE = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"
 
 
 @dataclass
-class Row:
+class Row(HeldOutErrors):
     calibration: Path
     target: Path
     nics_per_server: int | None
@@ -87,14 +88,6 @@ class Row:
     hosts: int = 0
     gpus_per_server: int = 0  # the target's: the servers the projection is for
     calibrated_gpus: int = 0  # the calibration's GPUs per host
-
-    @property
-    def worst(self) -> float:
-        return max(self.errors, key=abs)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(abs(e) for e in self.errors)
 
     @property
     def flagged(self) -> bool:
@@ -183,19 +176,11 @@ def print_table(rows: list[Row], data: Path, from_bytes: int) -> None:
 
 
 @dataclass
-class Within:
+class Within(HeldOutErrors):
     path: Path
     sizes: list[int]
     errors: list[float]
     held: bool  # held to WITHIN (the H100 file), else reported only
-
-    @property
-    def worst(self) -> float:
-        return max(self.errors, key=abs)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(abs(e) for e in self.errors)
 
     @property
     def passed(self) -> bool:

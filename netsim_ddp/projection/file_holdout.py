@@ -21,16 +21,10 @@ from netsim_ddp.projection.cluster import allreduce_time, build
 FROM_BYTES = 64 * 2**20  # the size the projection targets are quoted from (issue 35)
 
 
-@dataclass
-class FileHoldout:
-    """One held-out run, predicted from the others."""
+class HeldOutErrors:
+    """The worst and the median of a set of held-out relative errors (`errors`)."""
 
-    calibration: Calibration  # the network the prediction calibrated on
-    target: Calibration  # the held-out run
-    sizes: list[int] = field(default_factory=list)
-    errors: list[float] = field(default_factory=list)
-    algorithms: list[str] = field(default_factory=list)
-    flags: list[str] = field(default_factory=list)
+    errors: list[float]
 
     @property
     def worst(self) -> float:
@@ -39,6 +33,18 @@ class FileHoldout:
     @property
     def median(self) -> float:
         return statistics.median(abs(e) for e in self.errors)
+
+
+@dataclass
+class FileHoldout(HeldOutErrors):
+    """One held-out run, predicted from the others."""
+
+    calibration: Calibration  # the network the prediction calibrated on
+    target: Calibration  # the held-out run
+    sizes: list[int] = field(default_factory=list)
+    errors: list[float] = field(default_factory=list)
+    algorithms: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {"calibrated_on": self.calibration.label, "held_out": self.target.label,
