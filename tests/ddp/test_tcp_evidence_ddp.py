@@ -28,4 +28,6 @@ def test_a_lossy_scale_model_reports_its_retransmissions_on_a_dilated_clock(nets
     checks = {check.name: check for check in report.checks}
     assert checks["fidelity:tcp:fp32"].passed, checks["fidelity:tcp:fp32"].detail
     assert "RetransSegs" in checks["fidelity:tcp:fp32"].detail
-    assert "tcp loss" in [column.header for column in mode_table(report).columns]
+    table = mode_table(report)
+    assert "tcp loss in the window" in str(table.caption) and "fp32 retx" in str(table.caption)
+    assert [column.header for column in table.columns][0] == "mode"

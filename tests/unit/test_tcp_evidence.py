@@ -151,3 +151,24 @@ def test_fidelity_tcp_fails_an_undilated_rto_that_timed_out_and_counts_them():
     no_timeout = result([rank(0, 0, {"TCPTimeouts": 1}, {"TCPTimeouts": 1})])
     assert tcp_checks(report(40.0, undilated, no_timeout))[0].passed
     assert tcp_checks(report(1.0, undilated)) == []  # real time: the kernel's clock is the target's
+
+
+def test_loss_in_the_run_table_keeps_every_mode_name_whole_in_a_log():
+    """The loss goes into the table's caption: as a 14th column it pushed the table past a
+    120-column log, and rich cut the mode names ('script' read 'scri…' and a test that looked
+    for its row failed whenever TCP happened to retransmit)."""
+    from rich.console import Console
+
+    from netsim_ddp.report.tables import mode_table
+
+    lossy = ScenarioReport(Scenario.from_dict({
+        "name": "t", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+        "workload": {"params": "1M", "modes": ["fp32", "amp-fp16"]}}))
+    lossy.modes["fp32"] = ModeReport(LOSSY, 8, 0, 1e9)
+    lossy.modes["amp-fp16"] = ModeReport(LOSSY, 8, 0, 1e9)
+    console = Console(width=120, record=True)
+    console.print(mode_table(lossy))
+    text = console.export_text()
+    rows = [line.split()[:1] for line in text.splitlines()]
+    assert ["fp32"] in rows and ["amp-fp16"] in rows
+    assert "fp32 retx 17 rto 3" in " ".join(text.split())
