@@ -213,6 +213,9 @@ class NetworkRecord(Record):
     # fabric wrote [link.tcp] dilated by k (fabric.tcp_clocks.RECORDED; "route:RTAX_..." the
     # metrics on its routes).
     tcp: dict[str, dict[str, str | int]] = Field(default_factory=dict)
+    # [link] busbw_from: the user's nccl-tests file, the job's sizes with the file's and the
+    # probe's bus bandwidth at each (target time), the links' rate and delay for it.
+    busbw_from: dict[str, Any] | None = None
 
 
 class LinkChangeRecord(Record):

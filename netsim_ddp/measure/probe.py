@@ -33,6 +33,8 @@ class CollectiveFidelity:
     min_fraction: float
     host_load: CpuLoad | None = None  # CPU use during the last attempt's timed all-reduces
     dtype_bps: list[dict[str, float]] = field(default_factory=list)  # per attempt, per dtype
+    # per attempt, float32 at each of the job's bucket sizes ([link] busbw_from), host units
+    job_size_bps: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def busbw_bps(self) -> float:
@@ -52,6 +54,13 @@ class CollectiveFidelity:
         if not self.dtype_bps:
             return {}
         return self.dtype_bps[self.attempts_bps.index(self.busbw_bps)]
+
+    @property
+    def best_job_sizes(self) -> dict[int, float]:
+        """The job sizes' bus bandwidths in the best attempt (empty without busbw_from)."""
+        if not self.job_size_bps:
+            return {}
+        return self.job_size_bps[self.attempts_bps.index(self.busbw_bps)]
 
     @property
     def reason(self) -> str:

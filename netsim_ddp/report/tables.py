@@ -54,6 +54,8 @@ def mode_table(report: ScenarioReport) -> Table:
     if report.notice:  # a scale model says so, in one line, in every table
         table.title = f"{title}\n{report.notice}" + (
             f" [{report.dilation_chosen}]" if report.dilation_chosen else "")
+    if report.target_busbw is not None:  # the links carry the target's transport, not gloo's
+        table.title = f"{table.title}\n{report.target_busbw.summary}"
     loss = {name: loss_cell(tcp_counters(mode.result)) for name, mode in report.modes.items()}
     if any(loss.values()):  # the kernel's evidence of loss, only when there is some: a line
         # of the caption, not a column (a column pushed the table past a 120-column log, and

@@ -48,7 +48,8 @@ def _probe_results(out: Path, dtypes: Sequence[str]) -> tuple[dict[str, float], 
         if not result.seconds or not all(0 < s < math.inf for s in result.seconds):
             raise WorkloadError(f"the all-reduce probe timed {result.dtype} as {result.seconds} "
                                 "s: no usable measurement")
-        by_dtype[result.dtype] = summarize(busbw_samples(result)).median
+        if not result.at_job_size:
+            by_dtype[result.dtype] = summarize(busbw_samples(result)).median
     if missing := [dtype for dtype in dtypes if dtype not in by_dtype]:
         raise WorkloadError(f"the all-reduce probe reported nothing for {', '.join(missing)} "
                             f"(asked {', '.join(dtypes)})")
@@ -59,21 +60,24 @@ class _ProbeAttempts:
     """The all-reduce probe's attempts and their verdict: attempt after attempt until one
     reaches fidelity.min_fraction or none are left. `workload`: with the backend resolved."""
 
-    def __init__(self, scenario: Scenario, workload, attempts: int | None = None):
+    def __init__(self, scenario: Scenario, workload, attempts: int | None = None,
+                 job_sizes: Sequence[int] = ()):
         size = min(max(workload.params * 4, PROBE_MIN_BYTES), PROBE_MAX_BYTES)
         # A script's wire dtype is its own business: the probe times float32.
         self.dtypes = (["float32"] if workload.is_script else
                        list(dict.fromkeys(get_mode(mode).wire_dtype for mode in workload.modes)))
-        self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes})
+        self.probe = AllreduceProbe.model_validate({"size_bytes": size, "dtypes": self.dtypes,
+                                                    "job_sizes": list(job_sizes)})
         _, goodput = slowest_link_goodput(scenario)
         world = scenario.topology.nodes * scenario.topology.ranks_per_node
         self.fidelity = CollectiveFidelity(size, world, [], goodput,
                                            scenario.fidelity.min_fraction)
         self.limit = attempts or scenario.fidelity.attempts
-        # Generous: every dtype's timed all-reduces (and warm-up) at 20x the ideal ring time.
-        ideal = ring_allreduce_lower_bound(size, world, goodput)
-        self.attempt_timeout_s = 20 * ideal * len(self.dtypes) * (
-            self.probe.warmup + self.probe.iterations)
+        # Generous: every dtype's and job size's timed all-reduces (and warm-up) at 20x the
+        # ideal ring time.
+        ideal = ring_allreduce_lower_bound(size * len(self.dtypes) + sum(job_sizes), world,
+                                           goodput)
+        self.attempt_timeout_s = 20 * ideal * (self.probe.warmup + self.probe.iterations)
         self.name = scenario.name
 
     def judge(self, attempt_out: Path) -> bool:
@@ -84,6 +88,8 @@ class _ProbeAttempts:
         fidelity.host_load = next((CpuLoad(**r.host_load) for r in reversed(results)
                                    if r.host_load), None)
         fidelity.dtype_bps.append(by_dtype)
+        fidelity.job_size_bps.append({r.size_bytes: summarize(busbw_samples(r)).median
+                                      for r in results if r.at_job_size})
         fidelity.attempts_bps.append(min(by_dtype.values()))
         # More attempts cannot undo an overshoot.
         reached = fidelity.fraction >= fidelity.min_fraction
@@ -97,14 +103,15 @@ class _ProbeAttempts:
 def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
                       timeout_s: float | None, progress: Progress,
                       watchdog: Callable[[], None] | None = None, *, workload=None,
-                      attempts: int | None = None) -> CollectiveFidelity:
+                      attempts: int | None = None, job_sizes: Sequence[int] = (),
+                      ) -> CollectiveFidelity:
     """The probe in launches of its own, one per attempt (where the launcher cannot hold the
     training back while the harness judges it: multi-host, and NCCL, whose transport is read
     from the probe launch's finished logs). `workload`: with the backend resolved (default:
     the scenario's)."""
     workload = workload or scenario.workload
     assert workload is not None  # only a training scenario is probed
-    probing = _ProbeAttempts(scenario, workload, attempts)
+    probing = _ProbeAttempts(scenario, workload, attempts, job_sizes)
     spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
     for attempt in range(probing.limit):
         if attempt:

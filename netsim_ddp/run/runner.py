@@ -33,11 +33,13 @@ from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
+from netsim_ddp.projection.target_busbw import plan_target_busbw, with_target_busbw
 from netsim_ddp.run.probing import _probe_collective, _ProbeAttempts, _ProbeGate, _ProbeRefused
 from netsim_ddp.run.site import Progress, RunOptions, Site
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.units import format_rate
+from netsim_ddp.verdicts.busbw_checks import busbw_check
 from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.run_checks import (
     background_checks,
@@ -108,6 +110,10 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     if workload.command is not None:  # a missing script fails before anything is built
         resolve_command(workload.command, scenario.path.parent if scenario.path else None)
     workload = _resolved_profile(scenario, workload)
+    target_busbw = None
+    if scenario.link.busbw_from is not None:  # the target's transport: links that deliver it
+        target_busbw = plan_target_busbw(scenario.model_copy(update={"workload": workload}))
+        scenario = with_target_busbw(scenario, target_busbw)
     host = dilated(scenario, dilation) if dilation != 1 else scenario
     placement = place(workload, scenario.topology)
     if placement.refused:  # before any network is built: this host cannot run it
@@ -116,10 +122,13 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     fabric = Fabric(host, dilation=dilation)
     out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
     report = ScenarioReport(scenario, out_dir=out, placement=placement,
-                            host_scenario=host if dilation != 1 else None, dilation=dilation)
+                            host_scenario=host if dilation != 1 else None, dilation=dilation,
+                            target_busbw=target_busbw)
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes"
              + (f" (time-dilated x{dilation:g}: links at {format_rate(host.link.rate)})"
                 if dilation != 1 else ""))
+    if target_busbw is not None:
+        progress(f"{scenario.name}: {target_busbw.summary}")
     try:
         trained = _train(fabric, host, workload, report, out, profile, allow_untrusted,
                          timeout_s, progress, on_built, dilation)
@@ -274,6 +283,7 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
     out, progress, allow_untrusted = options.out, options.progress, options.allow_untrusted
     profile, timeout_s, dilation = options.profile, options.timeout_s, report.dilation
     transport_ifname = site.transport_ifname
+    job_sizes = report.target_busbw.sizes if report.target_busbw is not None else ()
     link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
     probing: _ProbeAttempts | None = None
@@ -283,11 +293,12 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
         # A script's launches are its own: the probe gets a launch of its own before them.
         if site.gated_probe and not nccl and not workload.is_script:
-            probing = _ProbeAttempts(scenario, workload)
+            probing = _ProbeAttempts(scenario, workload, job_sizes=job_sizes)
         else:
             fidelity = _probe_collective(site.launch, scenario, out / "probe", timeout_s,
                                          progress, site.watch(None), workload=workload,
-                                         attempts=None if scenario.fidelity.enabled else 1)
+                                         attempts=None if scenario.fidelity.enabled else 1,
+                                         job_sizes=job_sizes)
             if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0",
                                                 transport_ifname):
                 return None
@@ -348,6 +359,8 @@ def _fidelity_judged(report: ScenarioReport, fidelity: CollectiveFidelity,
     at = (f"at dilation x{report.dilation:g} (links at 1/{report.dilation:g} of the target's "
           "rate): " if report.dilation != 1 else "")
     report.checks.append(Verdict("fidelity", fidelity.trusted, at + fidelity.reason))
+    if report.target_busbw is not None:
+        report.checks.append(busbw_check(report.target_busbw, fidelity, report.dilation))
     if not fidelity.trusted and not allow_untrusted:
         report.refused = at + fidelity.reason
         return False

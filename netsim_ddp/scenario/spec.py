@@ -195,6 +195,12 @@ class LinkConfig(LinkShape):
         "in order of `at`.")
     tcp: TcpConfig = Field(default_factory=TcpConfig, description="The target's TCP settings "
                            "in every node (a scale model dilates them by k).")
+    busbw_from: str | None = Field(
+        None, description="The target's transport instead of the line rate: an nccl-tests "
+        "all_reduce_perf output measured on the target cluster (relative to the scenario "
+        "file). The links then get the rate and latency at which an all-reduce delivers that "
+        "file's bus bandwidth at the job's DDP bucket sizes, and the all-reduce probe checks "
+        "it at each size (fidelity:busbw). See docs/scale-model.md.")
 
 
 class EffectiveLink(_Strict):

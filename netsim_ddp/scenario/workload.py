@@ -62,6 +62,9 @@ class AllreduceProbe(BaseModel):
     dtypes: list[WireDtype] = Field(default=["float32"], min_length=1)
     iterations: int = Field(3, gt=0)
     warmup: int = Field(1, ge=0)
+    # [link] busbw_from: float32 all-reduces at each of the job's bucket sizes too, after the
+    # fidelity dtypes, for fidelity:busbw (projection.target_busbw).
+    job_sizes: list[int] = Field(default_factory=list)
 
 
 MAX_REPLAY_COMPUTE_S = 60.0  # a target step longer than a minute is a typo, not a GPU

@@ -16,6 +16,8 @@ from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.target_busbw import TargetBusbw
+from netsim_ddp.verdicts.busbw_checks import busbw_record
 from netsim_ddp.verdicts.gate import Verdict
 
 
@@ -42,6 +44,7 @@ class ScenarioReport:
     host_scenario: Scenario | None = None
     dilation: float = 1.0
     dilation_chosen: str | None = None
+    target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
 
     @property
     def compute_source(self) -> str:
@@ -79,7 +82,9 @@ class ScenarioReport:
             "fidelity": self.fidelity.to_record() if self.fidelity else None,
             "host_load": self.host_load.as_dict() if self.host_load else None,
             "network": {"delay_backends": self.delay_backends,
-                        "delay_line": self.delay_line_stats, "tcp": self.tcp_settings},
+                        "delay_line": self.delay_line_stats, "tcp": self.tcp_settings,
+                        "busbw_from": busbw_record(self.target_busbw, self.fidelity,
+                                                   self.dilation)},
             "link_schedule": ([{"mode": w.mode, "start_monotonic": w.start_monotonic,
                                 "end_monotonic": w.end_monotonic,
                                 "changes": [c.as_dict() for c in w.changes]}

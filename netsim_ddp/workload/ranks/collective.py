@@ -40,11 +40,13 @@ class AllreduceResult(BaseModel):
     seconds: list[float] = Field(description="Per iteration, the slowest rank's all-reduce.")
     host_load: dict[str, float] | None = Field(
         None, description="The host's CPU use over the timed iterations (hostload.CpuLoad).")
+    at_job_size: bool = Field(False, description="One of AllreduceProbe.job_sizes, not the "
+                              "fidelity probe's own size.")
 
 
 def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
     """Rank side: time the all-reduces of each dtype, gather to rank 0, which writes the
-    results file (one AllreduceResult per dtype)."""
+    results file (one AllreduceResult per dtype, then one per job size)."""
     import torch
     import torch.distributed as dist
 
@@ -57,9 +59,8 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
         if on_gpu:
             torch.cuda.synchronize(device)
 
-    results = []
-    for dtype in probe.dtypes:
-        buffer = torch.ones(probe.size_bytes // 4, dtype=getattr(torch, dtype), device=device)
+    def timed(dtype: str, elements: int, at_job_size: bool = False) -> AllreduceResult:
+        buffer = torch.ones(elements, dtype=getattr(torch, dtype), device=device)
         seconds = []
         cpu_before = None
         for iteration in range(probe.warmup + probe.iterations):
@@ -76,11 +77,14 @@ def run_probe(probe: AllreduceProbe, out_dir: Path) -> None:
         gathered: list[list[float] | None] = [None] * dist.get_world_size()
         dist.gather_object(seconds, gathered if dist.get_rank() == 0 else None, dst=0)
         ranks = [g for g in gathered if g is not None]
-        results.append(AllreduceResult(
+        return AllreduceResult(
             dtype=dtype, size_bytes=buffer.numel() * buffer.element_size(),
             world_size=dist.get_world_size(),
             seconds=[max(column) for column in zip(*ranks, strict=True)],
-            host_load=load.as_dict() if load else None))
+            host_load=load.as_dict() if load else None, at_job_size=at_job_size)
+
+    results = [timed(dtype, probe.size_bytes // 4) for dtype in probe.dtypes]
+    results += [timed("float32", size // 4, at_job_size=True) for size in probe.job_sizes]
     if dist.get_rank() == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_whole(out_dir / RESULT_FILE, _RESULTS.dump_json(results))  # the harness polls
