@@ -23,7 +23,9 @@ TOLERANCE), so a host, a delay line or a fit that does not deliver says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,10 @@ from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.scenario.target_busbw import (
     FIELD,
     LATENCY_NEGLIGIBLE,
+    MAX_STEP,
+    TRIM_GOAL,
     TargetBusbw,
+    Trim,
     job_sizes,
 )
 from netsim_ddp.scenario.units import header_factor
@@ -94,6 +99,55 @@ def plan_target_busbw(scenario: Scenario) -> TargetBusbw:
         world_size=world, sizes=tuple(sizes), busbw_bps=busbw, sizes_from=how,
         latency_s=latency, bandwidth_bps=bandwidth * 8, rate_bps=rate,
         delay_s=latency / world if latency else 0.0, line_rate_bps=scenario.link.rate)
+
+
+def errors(plan: TargetBusbw, measured_bps: dict[int, float]) -> list[float]:
+    """measured / file - 1 at each planned size the probe timed (nan where it timed none)."""
+    return [measured_bps[size] / busbw - 1 if size in measured_bps else float("nan")
+            for size, busbw in zip(plan.sizes, plan.busbw_bps, strict=True)]
+
+
+def added_latency(plan: TargetBusbw, errs: list[float]) -> float:
+    """The bus-time latency a pass's links added (seconds): each size's measured bus time
+    less its time at the plan's bandwidth, averaged with weights 1 / time^2 (relative errors:
+    the large sizes, whose latency share is small, count little)."""
+    sizes = np.array(plan.sizes, dtype=float)
+    measured = sizes * 8 / (np.array(plan.busbw_bps) * (1 + np.array(errs)))
+    weights = 1 / measured**2
+    return float(np.sum((measured - sizes * 8 / plan.bandwidth_bps) * weights) / weights.sum())
+
+
+def next_delay(plan: TargetBusbw, tried: list[tuple[float, list[float]]]) -> float | None:
+    """The next delay to try, from the passes so far ((delay, errors) each), or None when the
+    last is within TRIM_GOAL or timed nothing. The latency a delay adds grows faster than the
+    delay on a real TCP path, so it is taken as a power of the delay, its exponent from the
+    last two passes (1, the ring's own W x delay, while there is one), each step at most
+    MAX_STEP x the last delay either way."""
+    delay, errs = tried[-1]
+    if any(math.isnan(e) for e in errs) or max(abs(e) for e in errs) <= TRIM_GOAL:
+        return None
+    latency = added_latency(plan, errs)
+    if latency <= 0:  # the links added none that shows: more delay
+        return delay * MAX_STEP
+    power = 1.0
+    if len(tried) > 1:
+        earlier, earlier_errs = tried[-2]
+        before = added_latency(plan, earlier_errs)
+        if before > 0 and earlier != delay:
+            fitted = math.log(latency / before) / math.log(delay / earlier)
+            power = fitted if math.isfinite(fitted) and fitted > 0.2 else power
+    step = (plan.latency_s / latency) ** (1 / power)
+    return delay * min(max(step, 1 / MAX_STEP), MAX_STEP)
+
+
+def trimmed(plan: TargetBusbw, tried: list[tuple[float, list[float]]]) -> TargetBusbw:
+    """The plan with the delay of the best pass (least worst error), the passes recorded."""
+    def worst(errs: list[float]) -> float:
+        return max((abs(e) for e in errs), default=math.inf) if not any(
+            math.isnan(e) for e in errs) else math.inf
+    best = min(tried, key=lambda t: worst(t[1]))[0]
+    return dataclasses.replace(plan, delay_s=best, trim=Trim(
+        passes=tuple((d, worst(errs)) for d, errs in tried), first_delay_s=plan.delay_s))
 
 
 def with_target_busbw(scenario: Scenario, plan: TargetBusbw) -> Scenario:

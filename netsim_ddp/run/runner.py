@@ -9,6 +9,7 @@ measure the CPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
+from netsim_ddp.fabric.naming import new_run_id
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
 from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 from netsim_ddp.hostfacts.nccl import (
@@ -33,13 +35,20 @@ from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
-from netsim_ddp.projection.target_busbw import plan_target_busbw, with_target_busbw
+from netsim_ddp.projection.target_busbw import (
+    errors,
+    next_delay,
+    plan_target_busbw,
+    trimmed,
+    with_target_busbw,
+)
 from netsim_ddp.run.probing import _probe_collective, _ProbeAttempts, _ProbeGate, _ProbeRefused
 from netsim_ddp.run.site import Progress, RunOptions, Site
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.target_busbw import TRIM_PASSES, TargetBusbw
 from netsim_ddp.scenario.units import format_rate
-from netsim_ddp.verdicts.busbw_checks import busbw_check
+from netsim_ddp.verdicts.busbw_checks import busbw_check, measured_busbw
 from netsim_ddp.verdicts.gate import Verdict, default_expectations, evaluate
 from netsim_ddp.verdicts.run_checks import (
     background_checks,
@@ -113,22 +122,25 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     target_busbw = None
     if scenario.link.busbw_from is not None:  # the target's transport: links that deliver it
         target_busbw = plan_target_busbw(scenario.model_copy(update={"workload": workload}))
-        scenario = with_target_busbw(scenario, target_busbw)
-    host = dilated(scenario, dilation) if dilation != 1 else scenario
     placement = place(workload, scenario.topology)
     if placement.refused:  # before any network is built: this host cannot run it
         return ScenarioReport(scenario, placement=placement, refused=placement.refused)
     workload = workload.model_copy(update={"backend": placement.backend})
-    fabric = Fabric(host, dilation=dilation)
-    out = run_folder(Path(out_dir) if out_dir else None, fabric.run_id)
+    run_id = new_run_id()
+    out = run_folder(Path(out_dir) if out_dir else None, run_id)
+    if target_busbw is not None:
+        progress(f"{scenario.name}: {target_busbw.summary}; probing for the delay")
+        target_busbw = _trimmed_busbw(scenario, workload, target_busbw, dilation, run_id,
+                                      placement, out / "busbw-trim", timeout_s, progress)
+        scenario = with_target_busbw(scenario, target_busbw)
+    host = dilated(scenario, dilation) if dilation != 1 else scenario
+    fabric = Fabric(host, dilation=dilation, run_id=run_id)
     report = ScenarioReport(scenario, out_dir=out, placement=placement,
                             host_scenario=host if dilation != 1 else None, dilation=dilation,
                             target_busbw=target_busbw)
     progress(f"{scenario.name}: building {scenario.topology.nodes} nodes"
              + (f" (time-dilated x{dilation:g}: links at {format_rate(host.link.rate)})"
                 if dilation != 1 else ""))
-    if target_busbw is not None:
-        progress(f"{scenario.name}: {target_busbw.summary}")
     try:
         trained = _train(fabric, host, workload, report, out, profile, allow_untrusted,
                          timeout_s, progress, on_built, dilation)
@@ -143,6 +155,35 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     finish_report(report, {mode: to_target_time(result, dilation)
                            for mode, result in results.items()}, background)
     return report
+
+
+def _trimmed_busbw(scenario: Scenario, workload, plan: TargetBusbw, dilation: float,
+                   run_id: str, placement, out: Path, timeout_s: float | None,
+                   progress: Progress) -> TargetBusbw:
+    """`[link] busbw_from`'s links, their delay chosen by probe passes (each: the links built,
+    the job's sizes timed once, the links taken down; projection.target_busbw.next_delay). A
+    plan without latency has nothing to search: its rate alone is the file's bandwidth."""
+    if not plan.delay_s:
+        return plan
+    tried: list[tuple[float, list[float]]] = []
+    delay: float | None = plan.delay_s
+    while delay is not None and len(tried) < TRIM_PASSES:
+        candidate = dataclasses.replace(plan, delay_s=delay)
+        planned = with_target_busbw(scenario, candidate)
+        host = dilated(planned, dilation) if dilation != 1 else planned
+        with Fabric(host, dilation=dilation, run_id=run_id) as fabric:
+            site = EmulatedSite(fabric, host, placement.node_env(
+                run_id, [node.name for node in fabric.nodes]), RunOptions(out, progress=progress))
+            fidelity = _probe_collective(
+                site.launch, host.model_copy(update={"workload": workload}),
+                out / f"pass{len(tried)}", timeout_s, progress, site.watch(None),
+                workload=workload, attempts=1, job_sizes=plan.sizes)
+        errs = errors(plan, measured_busbw(plan, fidelity, dilation))
+        tried.append((delay, errs))
+        progress(f"{scenario.name}: busbw_from pass {len(tried)}: delay {delay * 1e6:.0f} us, "
+                 "bus bandwidth " + ", ".join(f"{e:+.1%}" for e in errs) + " of the file's")
+        delay = next_delay(plan, tried)
+    return trimmed(plan, tried)
 
 
 def _resolved_profile(scenario: Scenario, workload):

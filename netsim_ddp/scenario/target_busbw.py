@@ -21,6 +21,9 @@ FIRST_BUCKET_BYTES = 2**20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 TOLERANCE = 0.05  # the probe's bus bandwidth at each size against the file's
 LATENCY_NEGLIGIBLE = 0.01  # of the smallest size's bus time: below it, no delay is added
 SAME_SIZE = 0.02  # sizes this close are one size to the probe
+TRIM_GOAL = TOLERANCE / 2  # a probe pass this close ends the search for the delay
+TRIM_PASSES = 4  # at most: each is a probe launch on freshly built links
+MAX_STEP = 8.0  # the most one pass moves the delay, either way
 
 
 def ddp_bucket_bytes(param_counts: Sequence[int], bucket_bytes: int,
@@ -75,6 +78,23 @@ def job_sizes(workload) -> tuple[list[int], str]:
 
 
 @dataclass(frozen=True)
+class Trim:
+    """The probe passes that chose the links' delay (target units): the delay each tried and
+    the worst error of its bus bandwidth against the file's at the job's sizes. The first is
+    the plan's latency / W; a real TCP path's latency grows faster than its delay (measured
+    here, 4 gloo nodes at x40: 50 / 100 / 200 / 400 us of delay gave 30 / 272 / 950 / 2722 us
+    of bus-time latency, where a ring's W x delay is 200 / 400 / 800 / 1600), so the passes
+    search for the delay that delivers it."""
+
+    passes: tuple[tuple[float, float], ...]  # (delay_s, worst relative error), in order
+    first_delay_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"first_delay_s": self.first_delay_s,
+                "passes": [{"delay_s": d, "worst_error": e} for d, e in self.passes]}
+
+
+@dataclass(frozen=True)
 class TargetBusbw:
     """What `[link] busbw_from` asks of the links, and how they were set to deliver it."""
 
@@ -91,6 +111,7 @@ class TargetBusbw:
     rate_bps: float  # the link rate that carries it (target units)
     delay_s: float  # the one-way delay that adds the latency (target units)
     line_rate_bps: float  # the scenario's own link rate, for comparison
+    trim: Trim | None = None  # set once a probe pass on the first plan's links corrected it
 
     def target_at(self, size: int) -> float:
         return self.busbw_bps[self.sizes.index(size)]
@@ -99,6 +120,8 @@ class TargetBusbw:
     def summary(self) -> str:
         """One line for tables and logs."""
         delay = f", delay {self.delay_s * 1e6:.0f} us" if self.delay_s else ""
+        if self.trim is not None:
+            delay += f" (chosen in {len(self.trim.passes)} probe passes)"
         low, high = min(self.busbw_bps), max(self.busbw_bps)
         return (f"bus bandwidth from {Path(self.file).name} ({self.file_world_size} GPUs on "
                 f"{self.file_hosts} hosts): {low / 1e9:.2f}-{high / 1e9:.2f} Gbit/s at the job's "
@@ -113,6 +136,7 @@ class TargetBusbw:
                           for s, b in zip(self.sizes, self.busbw_bps, strict=True)],
                 "latency_s": self.latency_s, "bandwidth_bps": self.bandwidth_bps,
                 "rate_bps": self.rate_bps, "delay_s": self.delay_s,
-                "line_rate_bps": self.line_rate_bps, "tolerance": TOLERANCE}
+                "line_rate_bps": self.line_rate_bps, "tolerance": TOLERANCE,
+                "trim": self.trim.as_dict() if self.trim is not None else None}
 
 

@@ -10,10 +10,22 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.projection.target_busbw import plan_target_busbw, with_target_busbw
+from netsim_ddp.projection.target_busbw import (
+    errors,
+    next_delay,
+    plan_target_busbw,
+    trimmed,
+    with_target_busbw,
+)
 from netsim_ddp.scenario.layouts import named_layout
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
-from netsim_ddp.scenario.target_busbw import TOLERANCE, ddp_bucket_bytes, job_sizes
+from netsim_ddp.scenario.target_busbw import (
+    TOLERANCE,
+    TRIM_GOAL,
+    TRIM_PASSES,
+    ddp_bucket_bytes,
+    job_sizes,
+)
 from netsim_ddp.scenario.units import header_factor
 from netsim_ddp.verdicts.busbw_checks import busbw_check, busbw_record
 
@@ -126,3 +138,35 @@ def test_check_fails_without_the_probes_sizes(tmp_path: Path) -> None:
     fidelity.job_size_bps.append({})
     assert not busbw_check(plan, fidelity, 40.0).passed
     assert not busbw_check(plan, None, 40.0).passed
+
+
+def _path_with_convex_latency(plan, delay_s: float) -> dict[int, float]:
+    """What a TCP path gives at this delay: the plan's bandwidth after a latency that grows
+    with the square of the delay (as measured on 4 gloo nodes at x40: 100 / 200 / 400 us of
+    delay, 272 / 950 / 2722 us of latency), not the ring's W x delay the plan assumes."""
+    latency = delay_s**2 / 60e-6
+    return {s: s * 8 / (latency + s * 8 / plan.bandwidth_bps) for s in plan.sizes}
+
+
+def test_the_delay_search_finds_what_a_convex_path_needs(tmp_path: Path) -> None:
+    plan = plan_target_busbw(_scenario(tmp_path))  # 300 us of latency over 16 ranks
+    tried: list[tuple[float, list[float]]] = []
+    delay: float | None = plan.delay_s
+    while delay is not None and len(tried) < TRIM_PASSES:
+        tried.append((delay, errors(plan, _path_with_convex_latency(plan, delay))))
+        delay = next_delay(plan, tried)
+    assert delay is None, "the search ends within TRIM_PASSES probe passes"
+    assert max(abs(e) for e in tried[-1][1]) <= TRIM_GOAL
+    # The plan's own delay (latency / W) is too short on such a path: the bus is too fast.
+    assert tried[0][0] == plan.delay_s and max(tried[0][1]) > TRIM_GOAL
+    chosen = trimmed(plan, tried)
+    assert chosen.delay_s == tried[-1][0] == pytest.approx((300e-6 * 60e-6) ** 0.5, rel=0.1)
+    assert chosen.trim is not None and len(chosen.trim.passes) == len(tried)
+    assert chosen.as_dict()["trim"]["first_delay_s"] == plan.delay_s
+    assert "probe passes" in chosen.summary
+
+
+def test_the_search_stops_when_a_pass_timed_nothing(tmp_path: Path) -> None:
+    plan = plan_target_busbw(_scenario(tmp_path))
+    assert next_delay(plan, [(plan.delay_s, errors(plan, {}))]) is None
+    assert trimmed(plan, [(plan.delay_s, errors(plan, {}))]).delay_s == plan.delay_s
