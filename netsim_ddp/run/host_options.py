@@ -82,6 +82,10 @@ def validate(options: HostOptions) -> None:
         raise HostConfigError(f"{where}: link.tcp: sets the emulated nodes' TCP; a real host's "
                               "TCP is its own (net.ipv4 sysctls): remove it, or run the "
                               "scenario with `netsim-ddp run`")
+    if scenario.link.busbw_from is not None:  # sets and checks the emulated links only
+        raise HostConfigError(f"{where}: link.busbw_from: shapes the emulated links to a "
+                              "cluster's nccl-tests bus bandwidth; real hosts' links are "
+                              "their own: remove it, or run the scenario with `netsim-ddp run`")
 
 
 def host_placement(options: HostOptions, inventory: GpuInventory | None = None,

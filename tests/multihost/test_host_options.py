@@ -37,6 +37,8 @@ def test_what_multi_host_does_not_run_yet_is_refused_by_name():
         validate(options(workload=None))
     with pytest.raises(HostConfigError, match="link.tcp: sets the emulated nodes' TCP"):
         validate(options(link={"rate": "1gbit", "tcp": {"rto_min": "5ms"}}))
+    with pytest.raises(HostConfigError, match="link.busbw_from: shapes the emulated links"):
+        validate(options(link={"rate": "1gbit", "busbw_from": "cluster.txt"}))
 
 
 def test_a_time_dilated_scale_model_is_refused_and_replay_alone_runs():
