@@ -34,7 +34,7 @@ from .delayline.health import ForwarderMonitor
 from .errors import FabricError
 from .lifetime import ProcessNamespace
 from .plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
-from .qdisc_stats import basic_counts, queue_length, root_qdisc
+from .qdisc_stats import basic_counts, loss_counts, queue_length, root_qdisc
 
 # Where per-run subnets are drawn from when the scenario names none.
 SUBNET_POOL = ipaddress.IPv4Network("10.128.0.0/9")
@@ -43,6 +43,8 @@ LOOPBACK_INDEX = 1
 ETH0_INDEX = 2  # in each node's namespace
 BRIDGE_INDEX = 2  # in the switch's namespace
 FIRST_PORT_INDEX = 10  # switch port of node i: FIRST_PORT_INDEX + i
+RACK_BRIDGE_INDEX = 2000  # rack r's bridge: + r (after every possible port)
+UPLINK_INDEX = 3000  # rack r's uplink end in its bridge: + r; the spine's end is looked up
 DELAY_IN, DELAY_IN_INDEX = "in", 2  # in a delay line's namespace: from the node
 DELAY_OUT = "out"  # ...and toward the switch (index 3)
 
@@ -194,6 +196,16 @@ class Fabric:
         ipr = self._iproutes[plan.switch_netns]
         ipr.link("add", index=BRIDGE_INDEX, ifname=plan.bridge, kind="bridge", mtu=plan.mtu)
         ipr.link("set", index=BRIDGE_INDEX, state="up")
+        for rack in plan.racks:  # the fabric's bridge is then the spine
+            bridge, up = RACK_BRIDGE_INDEX + rack.index, UPLINK_INDEX + rack.index
+            ipr.link("add", index=bridge, ifname=rack.bridge, kind="bridge", mtu=plan.mtu)
+            ipr.link("add", index=up, ifname=rack.up, kind="veth", mtu=plan.mtu,
+                     peer={"ifname": rack.down, "mtu": plan.mtu})
+            down = ipr.link("get", ifname=rack.down)[0]["index"]
+            for index, master in ((up, bridge), (down, BRIDGE_INDEX)):
+                _apply_qdiscs(ipr, index, rack.qdiscs)
+                ipr.link("set", index=index, master=master, state="up")
+            ipr.link("set", index=bridge, state="up")
 
     def _build_node(self, plan: FabricPlan, node: NodePlan) -> None:
         switch = self._iproutes[plan.switch_netns]
@@ -207,7 +219,8 @@ class Fabric:
             _veth(switch, port, node.switch_port, node.delay_netns, DELAY_OUT, mtu)
             delayline.prepare_delay_namespace(delay, DELAY_IN, DELAY_OUT)
         _apply_qdiscs(switch, port, node.ingress)
-        switch.link("set", index=port, master=BRIDGE_INDEX, state="up")
+        master = RACK_BRIDGE_INDEX + node.rack if plan.racks else BRIDGE_INDEX
+        switch.link("set", index=port, master=master, state="up")
 
         ipr = self._iproutes[node.netns]
         ipr.addr("add", index=ETH0_INDEX, address=node.address, prefixlen=node.prefixlen)
@@ -290,6 +303,25 @@ class Fabric:
                 sent_bytes=sent["bytes"], received_bytes=into["bytes"],
                 sent_packets=sent["packets"], received_packets=into["packets"],
             )
+        return result
+
+    def uplink_counters(self) -> dict[str, dict[str, int | None]]:
+        """Per rack and direction ("r0 up": rack -> spine, "r0 down"), what its uplink's tbf
+        passed and dropped so far: where traffic between racks queues and is lost."""
+        plan = self._require_plan()
+        switch = self._iproutes[plan.switch_netns]
+        result = {}
+        for rack in plan.racks:
+            for direction, ifname in (("up", rack.up), ("down", rack.down)):
+                index = switch.link("get", ifname=ifname)[0]["index"]
+                msg = root_qdisc(switch, index)
+                counts = basic_counts(msg) if msg is not None else None
+                losses = loss_counts(msg) if msg is not None else None
+                result[f"r{rack.index} {direction}"] = {
+                    "bytes": counts[0] if counts else None,
+                    "packets": counts[1] if counts else None,
+                    "drops": losses[0] if losses else None,
+                    "overlimits": losses[1] if losses else None}
         return result
 
     def wait_drained(self, timeout_s: float = 5.0) -> bool:

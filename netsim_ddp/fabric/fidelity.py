@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from netsim_ddp.scenario.racks import ring_caps
 from netsim_ddp.scenario.units import header_factor
 
 from .core import Fabric, Node
@@ -169,8 +170,9 @@ def check_fidelity(fabric: Fabric, seconds: float | None = None,
     pairs = probe_pairs(fabric)
     samples = []
     goodputs = measure_goodputs(pairs, seconds)
+    caps = ring_caps(fabric.scenario)  # pairs are that ring, node i -> i + 1
     for (source, destination), goodput in zip(pairs, goodputs, strict=True):
-        cap = min(source.plan.link.rate, destination.plan.link.rate)
+        cap = caps[source.index]
         mtu = min(source.plan.link.mtu, destination.plan.link.mtu)
         samples.append(GoodputSample(source.name, destination.name, cap,
                                      expected_goodput(cap, mtu), goodput))
@@ -179,7 +181,9 @@ def check_fidelity(fabric: Fabric, seconds: float | None = None,
 
 
 def slowest_link_goodput(scenario: Scenario) -> tuple[float, float]:
-    """(rate, TCP goodput) of the slowest node link, bits/s."""
+    """(rate, TCP goodput) of the slowest node link, bits/s; behind racks' uplinks, of the
+    ring's slowest hop (a ring all-reduce moves at its pace)."""
     links = [scenario.link_for(i) for i in range(scenario.topology.nodes)]
     slowest = min(links, key=lambda link: expected_goodput(link.rate, link.mtu))
-    return slowest.rate, expected_goodput(slowest.rate, slowest.mtu)
+    rate = min([slowest.rate, *ring_caps(scenario)])
+    return rate, expected_goodput(rate, slowest.mtu)

@@ -90,6 +90,17 @@ def switch_port(node: str) -> str:
     return f"nsd-{node}"
 
 
+# Racks' objects, in the switch's namespace: a '.' no node name may hold, so no switch port
+# (nsd-<node>) can take their names.
+def rack_bridge(rack: int) -> str:
+    return f"nsd.r{rack}"
+
+
+def uplink(rack: int, end: str) -> str:
+    """One end of rack `rack`'s uplink: "u" in the rack's bridge, "d" in the spine's."""
+    return f"nsd.{end}{rack}"
+
+
 def parse_netns_name(name: str) -> tuple[str, str] | None:
     """(run id, role) of a namespace this project made, else None."""
     match = _RUN_NAMESPACE.match(name)

@@ -10,7 +10,7 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
-from netsim_ddp.scenario.spec import EffectiveLink, Scenario
+from netsim_ddp.scenario.spec import EffectiveLink, Scenario, queue_limit_bytes
 from netsim_ddp.scenario.units import ETHERNET_HEADER
 
 from . import naming
@@ -46,6 +46,22 @@ class NodePlan:
     ingress: tuple[QdiscPlan, ...]  # on the switch port: what the node receives
     delay_backend: str | None = None  # "netem", "delay-line", or None: no delay/jitter/loss
     delay_netns: str | None = None  # the delay line's namespace, between node and switch
+    rack: int = 0  # the rack bridge its switch port joins (racks > 1)
+
+
+@dataclass(frozen=True)
+class RackPlan:
+    """A rack switch (a bridge in the switch's namespace) and its uplink to the spine (the
+    fabric's own bridge): a veth pair, each end shaped on its egress, rack -> spine on `up`,
+    spine -> rack on `down`."""
+
+    index: int
+    bridge: str
+    up: str  # the uplink's end in the rack bridge
+    down: str  # its end in the spine bridge
+    rate_bps: float
+    queue_bytes: int
+    qdiscs: tuple[QdiscPlan, ...]  # on each end
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class FabricPlan:
     subnet: ipaddress.IPv4Network
     mtu: int
     nodes: tuple[NodePlan, ...]
+    racks: tuple[RackPlan, ...] = ()  # none: every node on the one switch
 
     @property
     def namespaces(self) -> list[str]:
@@ -71,11 +88,31 @@ def tbf_burst(rate_bps: float, mtu: int) -> int:
 
 
 def tbf(link: EffectiveLink, handle: int, parent: int | None) -> QdiscPlan:
+    return tbf_at(link.rate, link.mtu, link.queue_limit_bytes, handle, parent)
+
+
+def tbf_at(rate_bps: float, mtu: int, limit_bytes: int, handle: int = 0x10000,
+           parent: int | None = None) -> QdiscPlan:
     return QdiscPlan("tbf", handle, parent, {
-        "rate": f"{int(link.rate)}bit",
-        "burst": tbf_burst(link.rate, link.mtu),
-        "limit": link.queue_limit_bytes,
+        "rate": f"{int(rate_bps)}bit",
+        "burst": tbf_burst(rate_bps, mtu),
+        "limit": limit_bytes,
     })
+
+
+def plan_racks(scenario: Scenario) -> tuple[RackPlan, ...]:
+    """The racks' switches and uplinks (none for one rack)."""
+    topology = scenario.topology
+    if topology.racks == 1:
+        return ()
+    assert topology.uplink is not None  # validated with racks > 1
+    mtu = scenario.link.mtu
+    queue = queue_limit_bytes(topology.uplink.queue_limit, mtu + ETHERNET_HEADER)
+    rate = topology.uplink.rate
+    return tuple(RackPlan(index=r, bridge=naming.rack_bridge(r), up=naming.uplink(r, "u"),
+                          down=naming.uplink(r, "d"), rate_bps=rate, queue_bytes=queue,
+                          qdiscs=(tbf_at(rate, mtu, queue),))
+                 for r in range(topology.racks))
 
 
 def netem(link: EffectiveLink, handle: int) -> QdiscPlan:
@@ -132,6 +169,7 @@ def ingress_qdiscs(link: EffectiveLink) -> tuple[QdiscPlan, ...]:
 def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network,
                 netem_available: bool = False) -> FabricPlan:
     names = scenario.topology.node_names
+    racks_of = scenario.topology.node_racks
     hosts = subnet.hosts()
     nodes = []
     for index, name in enumerate(names):
@@ -150,6 +188,7 @@ def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network,
             delay_backend=backend,
             delay_netns=(naming.netns_name(run_id, f"{name}.dl") if backend == "delay-line"
                          else None),
+            rack=racks_of[index],
         ))
     return FabricPlan(
         run_id=run_id,
@@ -159,4 +198,5 @@ def plan_fabric(scenario: Scenario, run_id: str, subnet: ipaddress.IPv4Network,
         subnet=subnet,
         mtu=scenario.link.mtu,
         nodes=tuple(nodes),
+        racks=plan_racks(scenario),
     )

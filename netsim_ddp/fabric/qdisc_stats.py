@@ -23,6 +23,13 @@ def queue_length(msg: Any) -> int:
     return int(queue["qlen"]) if queue else 0
 
 
+def loss_counts(msg: Any) -> tuple[int, int] | None:
+    """(drops, overlimits) of the qdisc: packets it dropped, and times it held one back."""
+    stats = msg.get_attr("TCA_STATS2")
+    queue = stats.get_attr("TCA_STATS_QUEUE") if stats else None
+    return (int(queue["drops"]), int(queue["overlimits"])) if queue else None
+
+
 def root_qdisc(ipr: Any, index: int) -> Any | None:
     """The root qdisc's message on interface `index`, or None without one."""
     return next((msg for msg in ipr.get_qdiscs(index=index) if msg["parent"] == TC_H_ROOT),

@@ -1,11 +1,11 @@
 """Time dilation: the scenario the host runs for a target scenario slowed k times.
 
 Every clock of the emulated world runs k times slower: link rates (links, overrides, schedule
-entries, paced background flows) are divided by k; delays, jitter, schedule offsets, flaps
-and background on/off periods are multiplied by k; queues keep their bytes (so their delay in
-time grows by k, as everything else's). Replayed compute sleeps k x the target's time (the
-ranks get k in their RankSpec). Times measured in the dilated world are divided by k before
-anything reports or judges them (measure.dilation), so they are the target's.
+entries, racks' uplinks, paced background flows) are divided by k; delays, jitter, schedule
+offsets, flaps and background on/off periods are multiplied by k; queues keep their bytes (so
+their delay in time grows by k, as everything else's). Replayed compute sleeps k x the target's
+time (the ranks get k in their RankSpec). Times measured in the dilated world are divided by k
+before anything reports or judges them (measure.dilation), so they are the target's.
 
 Byte counts do not change: a dilated run puts exactly the target's bytes on the wire.
 
@@ -55,6 +55,8 @@ def dilated(scenario: Scenario, k: float) -> Scenario:
         _scale_link(change, k, _TIMES + ("at", "down"))
     for flow in data.get("background", []):
         _scale_link(flow, k, ("on", "off", "start"))
+    if "uplink" in data["topology"]:
+        _scale_link(data["topology"]["uplink"], k)
     try:
         host = Scenario.from_dict(data, scenario.path)
     except ScenarioError as exc:

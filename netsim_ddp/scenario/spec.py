@@ -63,6 +63,9 @@ IFNAMSIZ = 15
 SWITCH_PORT_PREFIX = "nsd-"
 MAX_NODE_NAME = IFNAMSIZ - len(SWITCH_PORT_PREFIX)
 DEFAULT_QUEUE_PACKETS = 1000  # the kernel's default txqueuelen
+# A 10/25GbE ToR's per-port share of its shared buffer (9-32 MB over 32-64 ports, a few hundred
+# KB each when all ports are busy), for the racks' uplinks (docs/jitter.md).
+TOR_QUEUE = "512KiB"
 
 
 def _rate_in_range(bits: float) -> float:
@@ -219,6 +222,18 @@ class EffectiveLink(_Strict):
         return self.delay > 0 or self.jitter > 0 or self.loss > 0
 
 
+class Uplink(_Strict):
+    """The link from each rack's switch to the spine, both directions: where the traffic
+    between racks meets (oversubscribed when the rack's nodes together send more than it)."""
+
+    rate: Rate = Field(description="Rate of each rack's uplink, e.g. '40gbit' for 8 x 10GbE "
+                       "nodes at 2:1 oversubscription.")
+    queue_limit: QueueLimit = Field(
+        TOR_QUEUE, description="Each direction's queue: bytes ('512KiB') or packets (int). "
+        "Default: a 10/25GbE ToR's share of its shared buffer per port (a few hundred KB; "
+        "docs/jitter.md).")
+
+
 class Topology(_Strict):
     nodes: int = Field(ge=1, description="Emulated hosts, one network namespace "
                        f"each; at most {MAX_NODES}, the ports of a Linux bridge.")
@@ -230,6 +245,14 @@ class Topology(_Strict):
         None, strict=False,
         description="IPv4 subnet of the nodes; default: a free /24 chosen per run."
     )
+
+    racks: int = Field(1, ge=1, description="Rack switches the nodes sit behind, joined by "
+                       "[topology.uplink] to one spine; nodes fill racks in order (rack_of "
+                       "to choose).")
+    rack_of: list[int] | None = Field(
+        None, description="Each node's rack (0-based), in node order; default: contiguous "
+        "blocks, as schedulers place a job.")
+    uplink: Uplink | None = Field(None, description="Each rack's uplink; required with racks > 1.")
 
     @field_validator("nodes")
     @classmethod
@@ -273,7 +296,32 @@ class Topology(_Strict):
             where = f"subnet {self.subnet}" if self.subnet else "the default /24 subnet"
             raise ValueError(f"{self.nodes} nodes do not fit in {where}, which holds {capacity}; "
                              "set topology.subnet to a larger one")
+        self._check_racks()
         return self
+
+    def _check_racks(self) -> None:
+        if self.racks > self.nodes:
+            raise ValueError(f"racks = {self.racks} but only {self.nodes} nodes: every rack "
+                             "needs a node; lower topology.racks")
+        if self.racks > 1 and self.uplink is None:
+            raise ValueError(f"racks = {self.racks} needs [topology.uplink] rate = ... (the "
+                             "racks' link to the spine)")
+        if self.racks == 1 and (self.uplink is not None or self.rack_of is not None):
+            raise ValueError("uplink and rack_of need racks >= 2; set topology.racks")
+        if self.rack_of is not None:
+            if len(self.rack_of) != self.nodes:
+                raise ValueError(f"rack_of lists {len(self.rack_of)} nodes but nodes = "
+                                 f"{self.nodes}")
+            if sorted(set(self.rack_of)) != list(range(self.racks)):
+                raise ValueError(f"rack_of must put at least one node in each of racks "
+                                 f"0..{self.racks - 1}: {self.rack_of}")
+
+    @property
+    def node_racks(self) -> list[int]:
+        """Each node's rack, in node order."""
+        if self.rack_of is not None:
+            return list(self.rack_of)
+        return [index * self.racks // self.nodes for index in range(self.nodes)]
 
     @property
     def node_names(self) -> list[str]:

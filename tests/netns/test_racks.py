@@ -1,0 +1,67 @@
+"""Racks behind oversubscribed uplinks, for real: traffic between racks is capped by the
+uplink and shares it, traffic within a rack is not, the uplink's queue drops what it cannot
+hold, and every rack object goes with the fabric."""
+
+import time
+
+import pytest
+
+from netsim_ddp import Scenario
+from netsim_ddp.fabric import Fabric, netns
+from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodputs
+from netsim_ddp.scenario.racks import ring_caps
+
+pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
+
+
+def racked(queue: str = "512KiB", uplink: str = "150mbit") -> Scenario:
+    return Scenario.from_dict({"name": "racks", "topology": {
+        "nodes": 4, "racks": 2, "uplink": {"rate": uplink, "queue_limit": queue}},
+        "link": {"rate": "400mbit"}})
+
+
+def test_traffic_between_racks_is_capped_by_the_uplink_and_shares_it(measure_until):
+    scenario = racked()
+    uplink = expected_goodput(150e6, 1500)
+    with Fabric(scenario) as fabric:
+        n0, n1, n2, n3 = fabric.nodes
+        before = fabric.uplink_counters()
+        within, across = measure_until(lambda: measure_goodputs([(n0, n1), (n1, n2)], 1.0),
+                                       lambda g: g[1] >= 0.95 * uplink)
+        # n0 -> n1 stays in rack 0 at the node link's rate; n1 -> n2 crosses r0 up, r1 down.
+        assert within >= 0.9 * expected_goodput(400e6, 1500)
+        assert 0.95 * uplink <= across <= 1.03 * uplink
+        after = fabric.uplink_counters()
+        moved = {name: after[name]["bytes"] - before[name]["bytes"] for name in after}
+        assert moved["r0 up"] > 1.0 * across / 8 and moved["r1 down"] > 1.0 * across / 8
+        assert moved["r1 up"] < 0.05 * moved["r0 up"]  # only ACKs the other way
+        # Two flows out of rack 0 at once share its uplink: neither gets more than it, and
+        # together (the uplink's own counter over the whole measurement) not more either.
+        start, mark = time.monotonic(), fabric.uplink_counters()["r0 up"]["bytes"]
+        shared = measure_goodputs([(n0, n2), (n1, n3)], 1.0)
+        elapsed = time.monotonic() - start
+        carried = (fabric.uplink_counters()["r0 up"]["bytes"] - mark) * 8 / elapsed
+        assert max(shared) <= 1.03 * uplink and min(shared) >= 0.05 * uplink
+        assert carried <= 1.03 * 150e6
+        ours = {name for name in netns.list_names() if name.startswith(f"nsd{fabric.run_id}")}
+    assert ours and not ours & set(netns.list_names())  # the switch, racks and all, is gone
+
+
+def test_the_probes_expect_the_rings_uplink_share(measure_until):
+    scenario = racked()
+    # The ring n0 -> n1 -> n2 -> n3 -> n0 crosses once each way: 150 Mbit/s on those hops.
+    assert ring_caps(scenario) == [400e6, 150e6, 400e6, 150e6]
+    with Fabric(scenario) as fabric:
+        report = measure_until(lambda: check_fidelity(fabric, seconds=1.0),
+                               lambda r: r.trusted)
+    assert report.trusted, report
+    assert [s.cap_bps for s in report.samples] == [400e6, 150e6, 400e6, 150e6]
+
+
+def test_a_shallow_uplink_queue_drops_what_it_cannot_hold():
+    with Fabric(racked(queue="32KiB", uplink="100mbit")) as fabric:
+        n0, n1, n2, n3 = fabric.nodes
+        measure_goodputs([(n0, n2), (n1, n3)], 1.0)
+        counters = fabric.uplink_counters()
+    assert counters["r0 up"]["drops"] > 0  # 800 Mbit/s offered into a 100 Mbit/s, 32 KiB queue
+    assert counters["r1 down"]["drops"] == 0  # what left r0's uplink fits r1's at once
