@@ -420,7 +420,7 @@ def _follow_schedule(sock: socket.socket, meter: _WireMeter, flow: BackgroundFlo
     start = time.monotonic()
     rate = flow.rate
     # Paced flows send small blocks so the pacing is smooth; bulk ones large blocks.
-    payload = memoryview(bytearray(65536 if rate else _CHUNK))
+    payload = memoryview(bytearray(65536 if rate or flow.burst else _CHUNK))
     for begin, end in on_periods(flow):
         while time.monotonic() < start + begin:  # the off-period
             if stopped():
@@ -432,11 +432,15 @@ def _follow_schedule(sock: socket.socket, meter: _WireMeter, flow: BackgroundFlo
             if stopped():
                 meter.sample(force=True)
                 return
+            if flow.burst is not None and sent >= flow.burst:  # a neighbour's step is done
+                time.sleep(min(SIGNAL_POLL_S, start + end - now))
+                continue
             if rate and sent * 8 > rate * (now - on_start):
                 time.sleep(min(0.001, start + end - now))  # pacing to the flow's rate
                 continue
-            sock.sendall(payload)
-            sent += len(payload)
+            block = payload if flow.burst is None else payload[:flow.burst - sent]
+            sock.sendall(block)
+            sent += len(block)
             meter.sample()
         meter.sample(force=True)
 

@@ -216,6 +216,9 @@ class NetworkRecord(Record):
     # [link] busbw_from: the user's nccl-tests file, the job's sizes with the file's and the
     # probe's bus bandwidth at each (target time), the links' rate and delay for it.
     busbw_from: dict[str, Any] | None = None
+    # [topology] racks: per rack and direction ("r0 up": rack -> spine), what its uplink's
+    # qdisc passed and dropped over the whole run (probe and every mode).
+    uplinks: dict[str, dict[str, int | None]] = Field(default_factory=dict)
 
 
 class LinkChangeRecord(Record):

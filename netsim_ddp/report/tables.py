@@ -63,6 +63,10 @@ def mode_table(report: ScenarioReport) -> Table:
         table.caption += ("; tcp loss in the window, all nodes' retransmitted segments (retx), "
                           "timeouts (rto), spurious RTOs (spur), loss probes (tlp): "
                           + "; ".join(f"{name} {cell}" for name, cell in loss.items() if cell))
+    dropped = {name: c["drops"] for name, c in report.uplinks.items() if c.get("drops")}
+    if dropped:  # where the racks' traffic met: the oversubscribed uplinks' own losses
+        table.caption += ("; the racks' uplinks dropped (whole run, packets): "
+                          + ", ".join(f"{name} {count}" for name, count in dropped.items()))
     reference = (next(iter(report.modes.values()), None) if workload.is_script
                  else report.modes.get(REFERENCE_MODE))
     for name, mode in report.modes.items():

@@ -269,7 +269,11 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             fabric.run_id, [node.name for node in fabric.nodes]), RunOptions(
                 out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
                 progress=progress))
-        return probe_and_train(scenario.model_copy(update={"workload": workload}), site, report)
+        try:
+            return probe_and_train(scenario.model_copy(update={"workload": workload}), site,
+                                   report)
+        finally:  # read while the switch exists
+            report.uplinks = fabric.uplink_counters()
 
 
 class EmulatedSite(Site):

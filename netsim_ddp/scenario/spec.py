@@ -384,6 +384,11 @@ class BackgroundFlow(_Strict):
     distribution: Literal["exponential", "fixed"] = Field(
         "exponential", description="How on/off lengths vary around their means.")
     rate: Rate | None = Field(None, description="Pace while on; default: as fast as TCP goes.")
+    burst: units.Size | None = Field(
+        None, gt=0, description="A neighbour job's all-reduce instead of a bulk flow: each "
+        "on-period sends this many bytes (as fast as TCP goes, or at `rate`) and then idles "
+        "until it ends. With distribution = 'fixed' and off = 0, a job that all-reduces "
+        "`burst` bytes once per `on` (its step): e.g. burst = '100MB', on = '300ms'.")
     seed: int = Field(0, description="Seeds the schedule; the same for every mode.")
 
 

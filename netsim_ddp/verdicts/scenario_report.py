@@ -45,6 +45,7 @@ class ScenarioReport:
     dilation: float = 1.0
     dilation_chosen: str | None = None
     target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
+    uplinks: dict[str, dict[str, int | None]] = field(default_factory=dict)  # racks, whole run
 
     @property
     def compute_source(self) -> str:
@@ -84,7 +85,8 @@ class ScenarioReport:
             "network": {"delay_backends": self.delay_backends,
                         "delay_line": self.delay_line_stats, "tcp": self.tcp_settings,
                         "busbw_from": busbw_record(self.target_busbw, self.fidelity,
-                                                   self.dilation)},
+                                                   self.dilation),
+                        "uplinks": self.uplinks},
             "link_schedule": ([{"mode": w.mode, "start_monotonic": w.start_monotonic,
                                 "end_monotonic": w.end_monotonic,
                                 "changes": [c.as_dict() for c in w.changes]}

@@ -65,3 +65,25 @@ def test_a_shallow_uplink_queue_drops_what_it_cannot_hold():
         counters = fabric.uplink_counters()
     assert counters["r0 up"]["drops"] > 0  # 800 Mbit/s offered into a 100 Mbit/s, 32 KiB queue
     assert counters["r1 down"]["drops"] == 0  # what left r0's uplink fits r1's at once
+
+
+def test_a_neighbour_job_sends_its_burst_once_per_step_across_the_uplink():
+    from netsim_ddp.fabric.background import BackgroundTraffic
+
+    scenario = Scenario.from_dict({**racked().model_dump(mode="json", exclude_none=True),
+                                   "background": [{"source": "n1", "destination": "n2",
+                                                   "burst": "500KB", "on": "100ms", "off": 0,
+                                                   "distribution": "fixed"}]})
+    with Fabric(scenario) as fabric:
+        before = fabric.uplink_counters()["r0 up"]["bytes"]
+        with BackgroundTraffic(fabric, scenario.background) as traffic:
+            started = time.monotonic()
+            deadline = started + 30
+            while fabric.uplink_counters()["r0 up"]["bytes"] - before < 3_000_000:
+                assert time.monotonic() < deadline, "the neighbour sent nothing"
+            background = traffic.stop()
+            elapsed = time.monotonic() - started
+    steps = elapsed / 0.1
+    # 500 KB per 100 ms step (40 Mbit/s), not the 150 Mbit/s a bulk flow would take; the
+    # payload's TCP/IP/Ethernet headers add 4.6% on the wire.
+    assert (int(steps) - 1) * 500_000 <= background.total <= (int(steps) + 2) * 500_000 * 1.05
