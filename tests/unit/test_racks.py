@@ -1,5 +1,5 @@
 """`[topology] racks`: validation that names the field, each node's rack, and the ring's
-capacity behind oversubscribed uplinks (no network: tests/netns/test_racks.py builds it)."""
+capacity behind oversubscribed uplinks (no network: tests/netns/test_racks_netns.py builds it)."""
 
 import pytest
 
