@@ -54,6 +54,13 @@ def read_tcp_counters(proc_net: Path = PROC_NET) -> dict[str, int]:
     return counters
 
 
+def loss_counters() -> dict[str, int]:
+    """LOSS_EVIDENCE as the calling thread's namespace has them now: what a node's local rank 0
+    reads at every measured step's edges, so a slow step can name the losses inside it."""
+    counters = read_tcp_counters()
+    return {name: counters[name] for name in LOSS_EVIDENCE if name in counters}
+
+
 def tcp_mark() -> dict[str, float]:
     """The counters as entries of a link mark (MARK_PREFIX + name)."""
     return {MARK_PREFIX + name: float(value) for name, value in read_tcp_counters().items()}

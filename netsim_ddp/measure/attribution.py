@@ -8,11 +8,11 @@ The evidence, in order:
   median iteration, compute was late: 'stall' when the replay drew a stall for that rank and
   step covering at least half of it (the scenario's seeded noise says so, workload.
   compute_noise), else 'compute' (a slow GPU, a slow episode, the light noise, real compute).
-- network: otherwise the collective was slow. Counter series sampled on the nodes during the
-  run (CounterSeries: qdisc drops; the TCP counters of the dilated-TCP work - retransmissions,
-  timeouts - once a run records them) that grew inside the iteration's window, and a link
-  change in force (link.schedule), are its evidence; without any, 'network' is named by
-  elimination and says so.
+- network: otherwise the collective was slow. Its evidence: the TCP loss counters each node's
+  local rank 0 read at the step's edges (RankSamples.step_tcp_loss: retransmissions, timeouts,
+  loss probes in that node during the step), counter series sampled during the run
+  (CounterSeries) that grew inside the iteration's window, and a link change in force
+  (link.schedule); without any, 'network' is named by elimination and says so.
 
 No torch here.
 """
@@ -71,6 +71,8 @@ class SlowIteration(_Strict):
                       "else whose compute was longest.")
     cause: str = Field(description="stall, compute or network.")
     detail: str = Field(description="The evidence, as people read it.")
+    evidenced: bool = Field(False, description="Whether the run's evidence names the cause "
+                            "(False: 'network' by elimination, nothing else explained it).")
 
 
 class CauseShare(_Strict):
@@ -101,6 +103,13 @@ def _last_rank(result: ModeResult, index: int, compute: dict[int, float]) -> int
 def _network_evidence(result: ModeResult, index: int, counters: Sequence[CounterSeries],
                       link_states: Sequence[str] | None) -> list[str]:
     found = []
+    for rank in result.ranks:  # each node's leader: its TCP losses during the step
+        losses = (rank.step_tcp_loss[index]
+                  if rank.step_tcp_loss is not None and index < len(rank.step_tcp_loss) else {})
+        if losses:
+            node = rank.node_rank if rank.node_rank is not None else rank.rank
+            found.append(f"node {node} " + ", ".join(f"{name} +{value}"
+                                                     for name, value in losses.items()))
     starts = result.started_monotonic
     host = (result.host_s or {}).get("iteration_s") or [t * result.dilation
                                                          for t in result.iteration_s]
@@ -127,6 +136,7 @@ def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
     ranks = [r for r in result.ranks if r.compute_s]
     typical = statistics.median([c for r in ranks for c in r.compute_s]) if ranks else 0.0
     nodes = {r.rank: r.node_rank if r.node_rank is not None else 0 for r in result.ranks}
+    recorded = bool(counters) or any(r.step_tcp_loss is not None for r in result.ranks)
     slow = []
     for index in slow_iterations(series, threshold):
         excess = series[index] - median
@@ -141,15 +151,17 @@ def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
             detail = (f"rank {slowest}'s compute {late * 1e3:+.1f} ms over the typical "
                       f"{typical * 1e3:.1f} ms" + (f" (a {stall * 1e3:.1f} ms stall drawn)"
                                                    if stall else ""))
-            rank = slowest
+            rank, evidenced = slowest, True
         else:
             evidence = _network_evidence(result, index, counters, link_states)
-            cause = "network"
+            cause, evidenced = "network", bool(evidence)
+            read = ("no node's TCP loss counters grew" if recorded
+                    else "no network counters recorded")
             detail = ("collective slow; " + "; ".join(evidence) if evidence else
                       f"collective slow (compute explains {max(late, 0) * 1e3:.1f} of "
-                      f"{excess * 1e3:.1f} ms; no network counters recorded: by elimination)")
+                      f"{excess * 1e3:.1f} ms; {read}: by elimination)")
         slow.append(SlowIteration(iteration=index, excess_s=excess, rank=rank, cause=cause,
-                                  detail=detail))
+                                  detail=detail, evidenced=evidenced))
     total = sum(s.excess_s for s in slow)
     shares = []
     for cause in CAUSES:

@@ -32,14 +32,19 @@ def tail_table(report: ScenarioReport) -> Table:
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = (f"ms; slow: iterations above the median by more than {SLOW_THRESHOLD:.0%}; "
                      "stall / compute / network: the share of the slow iterations' summed "
-                     "excess over the median each cause explains (docs/jitter.md)")
+                     "excess over the median each cause explains; network*: some of it by "
+                     "elimination (no node's TCP loss counters grew, no link change; "
+                     "docs/jitter.md)")
     if report.notice:
         table.title = f"{table.title}\n{report.notice}"
     for name, mode in report.modes.items():
-        shares = {share.cause: share.share for share in mode.attribution().shares}
+        attribution = mode.attribution()
+        shares = {share.cause: f"{share.share:.0%}" for share in attribution.shares}
+        if any(not slow.evidenced for slow in attribution.slow):
+            shares["network"] += "*"
         table.add_row(name, _ms(mode.iteration.median), *_tail_cells(mode.iteration),
                       f"{mode.iteration.slow_share:.0%}", *_tail_cells(mode.collective),
-                      *(f"{shares[cause]:.0%}" if cause in shares else "-" for cause in CAUSES))
+                      *(shares.get(cause, "-") for cause in CAUSES))
     return table
 
 

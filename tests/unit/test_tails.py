@@ -114,6 +114,21 @@ def test_network_evidence_from_counters_in_the_iterations_window() -> None:
     assert retransmits.growth(100.0, 104.0) == 0
 
 
+def test_network_evidence_from_each_nodes_tcp_losses_in_the_step() -> None:
+    noise = NoiseModel(ComputeNoise(spread=0.0, seed=2))
+    result = _result(noise, network_s={4: 0.1, 9: 0.1})
+    losses = [{} for _ in range(STEPS)]
+    losses[4] = {"RetransSegs": 12, "TCPTimeouts": 1}
+    leader = result.ranks[4].model_copy(update={"step_tcp_loss": losses})  # node 1's rank 0
+    result = result.model_copy(update={"ranks": [*result.ranks[:4], leader, *result.ranks[5:]]})
+    table = attribute(result)
+    assert table.slow[0].detail == "collective slow; node 1 RetransSegs +12, TCPTimeouts +1"
+    assert table.slow[0].evidenced
+    # recorded, but nothing grew in step 9: by elimination, and it says what was read
+    assert "no node's TCP loss counters grew: by elimination" in table.slow[1].detail
+    assert not table.slow[1].evidenced
+
+
 def test_mixed_causes_split_the_tail() -> None:
     noise = NoiseModel(ComputeNoise(spread=0.02, seed=9, stalls=Stalls(
         probability=0.01, scale="60ms", distribution="lognormal", shape=0.01)))
@@ -155,3 +170,21 @@ def test_the_tail_table_shows_percentiles_slow_share_and_causes() -> None:
     iteration = report.modes["fp32"].iteration
     assert f"{iteration.p99 * 1e3:.1f}" in text
     assert f"{iteration.slow_share:.0%}" in text and "100%" in text  # stall explains it all
+    assert "*" not in text.split("ms; slow")[0]  # every slow step had its evidence
+
+
+def test_the_tail_table_marks_a_network_share_named_by_elimination() -> None:
+    from rich.console import Console
+
+    from netsim_ddp import Scenario
+    from netsim_ddp.report.tails import tail_table
+    from netsim_ddp.verdicts.scenario_report import ScenarioReport
+
+    report = ScenarioReport(Scenario.from_dict({
+        "name": "tails", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
+        "workload": {"params": "1M", "modes": ["fp32"]}}))
+    noise = NoiseModel(ComputeNoise(spread=0.0, seed=2))
+    report.modes = {"fp32": _report(_result(noise, network_s={4: 0.1}))}
+    console = Console(width=200, record=True)
+    console.print(tail_table(report))
+    assert "100%*" in console.export_text()

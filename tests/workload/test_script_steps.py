@@ -27,6 +27,7 @@ class Fake:
 
     now: float = 0.0
     sent: int = 0
+    retrans: int = 0
     events: list[str] = field(default_factory=list)
 
     def clock(self) -> float:
@@ -35,6 +36,11 @@ class Fake:
     def read_link(self) -> LinkMark:
         self.sent += 1000
         return LinkMark(self.now, self.sent, self.sent // 100)
+
+    def read_loss(self) -> dict[str, int]:
+        """RetransSegs: 4 more at each read from t = 3 s on (none before)."""
+        self.retrans += 4 if self.now >= 3.0 else 0
+        return {"RetransSegs": self.retrans, "TCPTimeouts": 0}
 
     def take_step(self) -> tuple[int, list[tuple[float, float]] | None]:
         return 10, [(0.0, 0.001)]
@@ -52,7 +58,8 @@ def recorder(tmp_path, fake: Fake, *, warmup: int = 2, iterations: int = 3,
         record=ScriptRankRecord(rank=0, local_rank=0, hostname="h", boundaries=0),
         edges=Edges(barrier=lambda name: fake.events.append(f"barrier {name}"),
                     read_link=fake.read_link,
-                    signal=lambda edge: fake.events.append(f"signal {edge}")),
+                    signal=lambda edge: fake.events.append(f"signal {edge}"),
+                    read_loss=fake.read_loss),
         collectives=fake, clock=fake.clock)
 
 
@@ -73,6 +80,8 @@ def test_steps_between_boundaries_the_window_at_its_edges_and_a_stop(tmp_path) -
     assert saved["hook_bytes"] == [10, 10, 10]
     # one read per boundary inside the window, between the two edge marks
     assert saved["step_link_bytes"] == [1000, 1000, 1000]
+    # the node's TCP losses per step: none in the step ending at 2.5 s, 4 in each later one
+    assert saved["step_tcp_loss"] == [{}, {"RetransSegs": 4}, {"RetransSegs": 4}]
     assert [m["sent_bytes"] for m in saved["link_marks"]] == [1000, 5000]
     assert saved["ddp_models"] == 1 and saved["optimizers"] == ["object"]
 

@@ -87,6 +87,11 @@ class RankSamples(BaseModel):
         default=None,
         description="Compute replay: per synced step, how late (host seconds) this rank "
         "released its latest gradient against the replay's schedule.")
+    step_tcp_loss: list[dict[str, int]] | None = Field(
+        default=None,
+        description="A node's local rank 0: per measured step, the node's TCP loss counters "
+        "(RetransSegs, TCPTimeouts, TCPSpuriousRTOs, TCPLossProbes) that grew during it, by "
+        "how much (empty: none grew); the evidence measure.attribution names.")
 
     @property
     def collective_s(self) -> list[float] | None:

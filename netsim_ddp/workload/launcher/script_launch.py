@@ -166,7 +166,7 @@ def combine_script(records: Sequence[ScriptRankRecord], *, run: str, command: li
         compute_s=[], comm_s=[], sent_bytes=r.hook_bytes, buckets=[], wire_dtypes=[],
         loss=[], skipped_steps=0, param_digest="", link_marks=r.link_marks,
         started_monotonic=r.started_monotonic, bucket_intervals=r.bucket_intervals,
-        replay_late_s=r.replay_late_s)
+        replay_late_s=r.replay_late_s, step_tcp_loss=r.step_tcp_loss)
         for r in records]
     counts = {len(r.step_s) for r in records}
     if counts != {workload.iterations}:

@@ -34,6 +34,7 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
 from netsim_ddp.fabric.tcp_counters import tcp_mark
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload.launcher.window import counters_grew
 
 SPEC_ENV = "NETSIM_DDP_SCRIPT_SPEC"  # the ScriptSpec file the entry module reads
 OPTIMIZER, MARKER = "optimizer", "marker"
@@ -79,6 +80,9 @@ class ScriptRankRecord(BaseModel):
     bucket_intervals: list[list[tuple[float, float]]] | None = None
     step_link_bytes: list[int] | None = Field(
         default=None, description="Local rank 0 of a node: what its link sent in each step.")
+    step_tcp_loss: list[dict[str, int]] | None = Field(
+        default=None, description="Local rank 0 of a node: the node's TCP loss counters that "
+        "grew in each step (fabric.tcp_counters.LOSS_EVIDENCE), by how much.")
     link_marks: list[dict[str, float]] | None = None
     ddp_models: int = 0
     ddp_params: int = Field(0, description="Parameters of the script's DDP models.")
@@ -146,6 +150,8 @@ class Edges:
     barrier: Callable[[str], None]
     read_link: Callable[[], Any] | None  # -> LinkMark | None; None: not a node's leader
     signal: Callable[[str], None]  # edge name -> drop the file (node leader only)
+    # -> the node's TCP loss counters (window.step_loss_reader); None: not a node's leader
+    read_loss: Callable[[], dict[str, int]] | None = None
 
 
 @dataclass
@@ -159,6 +165,7 @@ class StepRecorder:
     _last: float = 0.0
     _last_job: float = 0.0
     _last_link: int | None = None
+    _last_loss: dict[str, int] = field(default_factory=dict)
     _optimizer_ids: dict[int, str] = field(default_factory=dict)
     written: bool = False
 
@@ -219,6 +226,7 @@ class StepRecorder:
             self.collectives.take_step()  # the warm-up's last step: not measured
             self._last, self._last_job = self.clock(), job_clock()
             self._last_link = int(mark.sent_bytes) if mark is not None else None
+            self._last_loss = self.edges.read_loss() if self.edges.read_loss is not None else {}
             return
         self.record.step_s.append(now - self._last)
         self.record.started_monotonic.append(self._last_job)
@@ -233,6 +241,11 @@ class StepRecorder:
             self.record.step_link_bytes = [*(self.record.step_link_bytes or []),
                                            sent - self._last_link]
         self._last_link = sent
+        if self.edges.read_loss is not None:  # a node's leader: the step's losses too
+            loss = self.edges.read_loss()
+            self.record.step_tcp_loss = [*(self.record.step_tcp_loss or []),
+                                         counters_grew(self._last_loss, loss)]
+            self._last_loss = loss
         self._last, self._last_job = self.clock(), job_clock()
         if k == spec.needed:
             self._edge(END)

@@ -23,6 +23,23 @@ NODE_ENV = "NETSIM_DDP_NODE"
 NODE_RANK_ENV = "NETSIM_DDP_NODE_RANK"
 
 
+def step_loss_reader(local_rank: int) -> Callable[[], dict[str, int]] | None:
+    """In an emulated node, for its local rank 0: a reader of the node's TCP loss counters
+    (fabric.tcp_counters.loss_counters), read at every measured step's edges so a slow step
+    can name the losses inside it. None elsewhere (one reading per node is enough)."""
+    if not (os.environ.get(NODE_ENV) and local_rank == 0):
+        return None
+    from netsim_ddp.fabric.tcp_counters import loss_counters
+
+    return loss_counters
+
+
+def counters_grew(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that grew from `before` to `after`, by how much (none grew: empty)."""
+    return {name: after[name] - before[name]
+            for name in after if name in before and after[name] > before[name]}
+
+
 @contextlib.contextmanager
 def measured_window(
     mode: str,

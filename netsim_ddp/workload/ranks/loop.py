@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode
+from netsim_ddp.workload.launcher.window import counters_grew
 from netsim_ddp.workload.ranks.models import Batch, LossFn
 from netsim_ddp.workload.ranks.timing import BucketTimer
 
@@ -113,6 +114,8 @@ class Samples:
     started_monotonic: list[float] = field(default_factory=list)
     # Compute replay: per synced step, how late its latest gradient release was (host s).
     replay_late_s: list[float] = field(default_factory=list)
+    # A node's local rank 0: per synced step, the node's TCP loss counters that grew in it.
+    step_tcp_loss: list[dict[str, int]] = field(default_factory=list)
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -145,8 +148,11 @@ def measure(
         contextlib.nullcontext
     ),
     timer: BucketTimer | None = None,
+    step_evidence: Callable[[], dict[str, int]] | None = None,
 ) -> Samples:
-    """Warm up, then time `iterations` synced and compute-only steps (see module docstring)."""
+    """Warm up, then time `iterations` synced and compute-only steps (see module docstring).
+    `step_evidence` (a node's local rank 0) reads counters before and after each synced step,
+    outside its timing; what grew is the step's network evidence (step_tcp_loss)."""
     samples = Samples()
 
     def micro_batches(iteration: int) -> list[Batch]:
@@ -159,6 +165,8 @@ def measure(
         barrier()
         counter.reset()
         _device_sync(trainer.device)
+        evidence = step_evidence if sync else None
+        before = evidence() if evidence is not None else {}
         with torch.profiler.record_function(label):
             if timer is not None:
                 timer.start_step()
@@ -171,7 +179,10 @@ def measure(
                 samples.started_monotonic.append(started_monotonic)
                 if timer is not None:
                     samples.bucket_intervals.append(timer.intervals())
-            return seconds, loss
+        if evidence is not None:
+            after = evidence()
+            samples.step_tcp_loss.append(counters_grew(before, after))
+        return seconds, loss
 
     def compute_only(step_batches: list[Batch]) -> float:
         """The compute-only step's time: replay knows it (its schedule, noise included: the
@@ -192,6 +203,7 @@ def measure(
 
     samples.started_monotonic.clear()  # the warm-up's synced steps are not measured
     samples.bucket_intervals.clear()
+    samples.step_tcp_loss.clear()
     with around_measured():  # e.g. the profiler: measured iterations only
         for iteration in range(iterations):
             step_batches = micro_batches(warmup + iteration)

@@ -39,7 +39,7 @@ from netsim_ddp.workload.launcher.results import (
     exposed_comm,
     write_result,
 )
-from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window
+from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window, step_loss_reader
 from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
 from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
 from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches
@@ -136,6 +136,7 @@ def run_mode(
         grad_accumulation=config.grad_accumulation,
         barrier=dist.barrier,
         timer=timer,
+        step_evidence=step_loss_reader(int(os.environ.get("LOCAL_RANK", "0"))),
         around_measured=lambda: measured_window(
             mode_name, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
             profiler() if profiler is not None else contextlib.nullcontext(), link_marks),
@@ -160,6 +161,7 @@ def run_mode(
         link_marks=link_marks or None,
         started_monotonic=samples.started_monotonic,
         bucket_intervals=samples.bucket_intervals,
+        step_tcp_loss=samples.step_tcp_loss or None,
     )
     return rank_samples, params
 

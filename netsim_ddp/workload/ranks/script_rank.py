@@ -38,7 +38,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.launcher import steps
-from netsim_ddp.workload.launcher.window import NODE_ENV
+from netsim_ddp.workload.launcher.window import NODE_ENV, step_loss_reader
 from netsim_ddp.workload.ranks import framework_paths
 from netsim_ddp.workload.ranks.rank import _flush_all
 from netsim_ddp.workload.ranks.script_replay import replay_for
@@ -143,7 +143,7 @@ def _edges(spec: steps.ScriptSpec, rank: int, local_rank: int, world: int) -> st
     return steps.Edges(
         barrier=lambda name: steps.store_barrier(store, name, world, spec.barrier_timeout_s),
         read_link=counter.read if counter is not None else None,
-        signal=signal)
+        signal=signal, read_loss=step_loss_reader(local_rank))
 
 
 def run_user(argv: list[str]) -> None:
