@@ -143,10 +143,25 @@ def bucket_maxima(ranks: Sequence[RankSamples]) -> list[list[float]] | None:
             for steps in zip(*per_rank, strict=True)]
 
 
-class ScriptRun(BaseModel):
-    """How a user's script ran (a ModeResult of a script's variant carries it)."""
+class ScriptFacts(BaseModel):
+    """What a script's ranks learn of its framework and its replay: each rank records them
+    (launcher.steps.ScriptRankRecord), the run's result carries them (ScriptRun)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    framework_adjusted: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths made to take the "
+        "target's (GPU) branch on these CPU ranks (workload.framework_paths).")
+    framework_differs: list[str] = Field(
+        default_factory=list, description="Device-dependent framework paths that took the CPU "
+        "branch where the target's GPUs would not: the run's framework check fails.")
+    replay_compute_s: float | None = Field(
+        default=None, description="A scale model's replayed compute: the target's forward + "
+        "backward + optimizer per step (fp32 schedule, no noise), target seconds.")
+
+
+class ScriptRun(ScriptFacts):
+    """How a user's script ran (a ModeResult of a script's variant carries it)."""
 
     command: list[str]
     variant_args: list[str] = Field(default_factory=list)
@@ -160,15 +175,6 @@ class ScriptRun(BaseModel):
         default=None,
         description="Per measured step, what every node's link sent between its local rank "
         "0's step boundaries (read without a barrier; background included), summed.")
-    framework_adjusted: list[str] = Field(
-        default_factory=list, description="Device-dependent framework paths made to take the "
-        "target's (GPU) branch on these CPU ranks (workload.framework_paths).")
-    framework_differs: list[str] = Field(
-        default_factory=list, description="Device-dependent framework paths that took the CPU "
-        "branch where the target's GPUs would not: the run's framework check fails.")
-    replay_compute_s: float | None = Field(
-        default=None, description="A scale model's replayed compute: the target's forward + "
-        "backward + optimizer per step (fp32 schedule, no noise), target seconds.")
 
 
 class ModeResult(BaseModel):

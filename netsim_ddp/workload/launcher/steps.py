@@ -34,6 +34,7 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
 from netsim_ddp.fabric.tcp_counters import tcp_mark
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload.launcher.results import ScriptFacts
 from netsim_ddp.workload.launcher.window import counters_grew
 
 SPEC_ENV = "NETSIM_DDP_SCRIPT_SPEC"  # the ScriptSpec file the entry module reads
@@ -62,10 +63,8 @@ class ScriptSpec(BaseModel):
         return self.warmup + self.iterations
 
 
-class ScriptRankRecord(BaseModel):
+class ScriptRankRecord(ScriptFacts):
     """One rank's steps, as it writes them (out/steps-rankR.json)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     rank: int
     local_rank: int
@@ -95,15 +94,6 @@ class ScriptRankRecord(BaseModel):
         default=None, description="Compute replay: per measured step, how late (host "
         "seconds) the host released a gradient or ended an optimizer step against the target's "
         "schedule.")
-    framework_adjusted: list[str] = Field(
-        default_factory=list, description="Device-dependent framework paths the harness made "
-        "take the target's (GPU) branch (framework_paths).")
-    framework_differs: list[str] = Field(
-        default_factory=list, description="Device-dependent framework paths that took the CPU "
-        "branch where the target's GPUs would not.")
-    replay_compute_s: float | None = Field(
-        default=None, description="Compute replay: the target's scheduled forward + backward "
-        "+ optimizer per step, target seconds (fp32, no noise).")
 
 
 def record_path(out: Path | str, rank: int) -> Path:
