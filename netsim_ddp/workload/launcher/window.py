@@ -23,11 +23,16 @@ NODE_ENV = "NETSIM_DDP_NODE"
 NODE_RANK_ENV = "NETSIM_DDP_NODE_RANK"
 
 
+def leads_node(local_rank: int) -> bool:
+    """Whether this rank reads its node's counters: local rank 0 inside an emulated node."""
+    return bool(os.environ.get(NODE_ENV)) and local_rank == 0
+
+
 def step_loss_reader(local_rank: int) -> Callable[[], dict[str, int]] | None:
-    """In an emulated node, for its local rank 0: a reader of the node's TCP loss counters
+    """For the rank that leads its node: a reader of the node's TCP loss counters
     (fabric.tcp_counters.loss_counters), read at every measured step's edges so a slow step
     can name the losses inside it. None elsewhere (one reading per node is enough)."""
-    if not (os.environ.get(NODE_ENV) and local_rank == 0):
+    if not leads_node(local_rank):
         return None
     from netsim_ddp.fabric.tcp_counters import loss_counters
 
@@ -50,7 +55,7 @@ def measured_window(
 ) -> Iterator[None]:
     """Run the measured iterations inside `inner` (e.g. the profiler), marking both edges."""
     signals = os.environ.get(SIGNAL_DIR_ENV)
-    measure_link = bool(os.environ.get(NODE_ENV)) and local_rank == 0
+    measure_link = leads_node(local_rank)
 
     def edge(name: str) -> None:
         barrier()

@@ -87,6 +87,7 @@ def run_mode(
 ) -> tuple[RankSamples, int]:
     """Train and measure one mode on this rank; returns its samples and the model's size."""
     rank = dist.get_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     mode = get_mode(mode_name)
     counter = SentBytes()
     timer = BucketTimer(device)
@@ -136,14 +137,14 @@ def run_mode(
         grad_accumulation=config.grad_accumulation,
         barrier=dist.barrier,
         timer=timer,
-        step_evidence=step_loss_reader(int(os.environ.get("LOCAL_RANK", "0"))),
+        step_evidence=step_loss_reader(local_rank),
         around_measured=lambda: measured_window(
-            mode_name, int(os.environ.get("LOCAL_RANK", "0")), dist.barrier,
+            mode_name, local_rank, dist.barrier,
             profiler() if profiler is not None else contextlib.nullcontext(), link_marks),
     )
     rank_samples = RankSamples(
         rank=rank,
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_rank=local_rank,
         hostname=socket.gethostname(),
         node_rank=int(os.environ[NODE_RANK_ENV]) if os.environ.get(NODE_RANK_ENV) else None,
         iteration_s=samples.iteration_s,

@@ -38,7 +38,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.launcher import steps
-from netsim_ddp.workload.launcher.window import NODE_ENV, step_loss_reader
+from netsim_ddp.workload.launcher.window import leads_node, step_loss_reader
 from netsim_ddp.workload.ranks import framework_paths
 from netsim_ddp.workload.ranks.rank import _flush_all
 from netsim_ddp.workload.ranks.script_replay import replay_for
@@ -130,7 +130,7 @@ def _edges(spec: steps.ScriptSpec, rank: int, local_rank: int, world: int) -> st
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           is_master=False, timeout=timedelta(seconds=spec.barrier_timeout_s))
     counter = None
-    if os.environ.get(NODE_ENV) and local_rank == 0:
+    if leads_node(local_rank):
         from netsim_ddp.fabric.own_link import LinkCounter
 
         counter = LinkCounter()
