@@ -4,7 +4,9 @@ profile-compute."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -213,18 +215,31 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     NIC exactly; node 0 reports as `run` does."""
     import secrets
 
-    from netsim_ddp.fabric import FabricError
     from netsim_ddp.run.host_agent import run_host
-    from netsim_ddp.run.host_options import HostConfigError, HostError, HostOptions
+    from netsim_ddp.run.host_options import HostOptions
     from netsim_ddp.run.runner import run_folder
-    from netsim_ddp.run.session import NetsimSession, SessionOptionError
-    from netsim_ddp.verdicts.scenario_report import ScenarioReport
-    from netsim_ddp.workload import WorkloadError
 
     (scenario,) = _load_all((file,))
     if scenario.workload is not None and scenario.workload.is_script:
         _fail(f"{file}: workload.command: `host` runs the built-in loop only; run a script "
               "on one host's emulated network with `netsim-ddp launch`", EXIT_BAD_INPUT)
+    session = _agent_session(tolerances, baseline, alpha, save_baseline)
+    options = HostOptions(
+        scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
+        master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
+        # A folder of this agent's own, as for `run`: a reused --out never replays old files.
+        out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
+        join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        allow_untrusted=allow_untrusted, ingress=not no_ingress)
+    _run_agent(lambda: run_host(options, progress=lambda message: err.print(escape(message))),
+               scenario, session, json_out, first=node_rank == 0,
+               member=f"{options.node_name}", leader="node 0")
+
+
+def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: float,
+                   save_baseline: str | None):
+    from netsim_ddp.run.session import NetsimSession, SessionOptionError
+
     try:
         session = NetsimSession.create(
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
@@ -233,26 +248,79 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in session.warnings:
         err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
-    options = HostOptions(
-        scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
-        master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
-        # A folder of this agent's own, as for `run`: a reused --out never replays old files.
+    return session
+
+
+@main.command()
+@click.argument("file")
+@click.option("--machine-rank", type=click.IntRange(min=0), required=True,
+              help="This machine's index (0: it hosts the job, node 0 and the results).")
+@click.option("--machines", type=click.IntRange(min=1), required=True,
+              help="Machines in the job; each holds a contiguous share of the nodes.")
+@click.option("--master-addr", required=True, help="Machine 0's address, reachable by all.")
+@click.option("--master-port", type=click.IntRange(1, 65535), required=True,
+              help="Machine 0's port for the job's c10d store.")
+@click.option("--nic", required=True, help="This machine's NIC to the others: the VXLAN's "
+              "underlay (MTU at least link.mtu + 50; nothing on it is changed).")
+@_session_options("json", "out", "iterations")
+@_timeout_option
+@click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
+              default=JOIN_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for every machine to arrive.")
+@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=FiniteFloat(positive=True),
+              default=HEARTBEAT_TIMEOUT_S, show_default=True,
+              help="Seconds a machine may stay silent before the run ends naming it as gone.")
+@_session_options("allow-untrusted")
+@_gate_options
+def machine(file: str, machine_rank: int, machines: int, master_addr: str, master_port: int,
+            nic: str, json_out: str | None, out_dir: str | None, iterations: int | None,
+            timeout_s: float | None, join_timeout_s: float, heartbeat_timeout_s: float,
+            allow_untrusted: bool, baseline: str | None, save_baseline: str | None,
+            tolerances: tuple[str, ...], alpha: float) -> None:
+    """Be one machine of a scale model spread over several (srun, a Kubernetes Indexed Job):
+    builds this machine's share of the emulated nodes, joins its switch to the others' over
+    --nic (VXLAN), trains at the job's dilation; machine 0 reports as `run` does."""
+    import secrets
+
+    from netsim_ddp.run.machine_agent import MachineOptions, run_machine
+    from netsim_ddp.run.runner import run_folder
+
+    (scenario,) = _load_all((file,), host_check=False)  # a share of it runs here: not all
+    session = _agent_session(tolerances, baseline, alpha, save_baseline)
+    options = MachineOptions(
+        scenario=scenario, machine_rank=machine_rank, machines=machines,
+        master_addr=master_addr, master_port=master_port, nic=nic, iterations=iterations,
+        timeout_s=timeout_s,
         out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
         join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
-        allow_untrusted=allow_untrusted, ingress=not no_ingress)
+        allow_untrusted=allow_untrusted)
+    _run_agent(lambda: run_machine(options, progress=lambda message: err.print(escape(message))),
+               scenario, session, json_out, first=machine_rank == 0,
+               member=f"machine {machine_rank}", leader="machine 0")
+
+
+def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, *, first: bool,
+               member: str, leader: str) -> NoReturn:
+    """`host` and `machine` alike: the agent's run, then the leader's report (and gate), or a
+    follower's word that the job finished."""
+    from netsim_ddp.fabric import FabricError
+    from netsim_ddp.run.host_options import HostConfigError, HostError
+    from netsim_ddp.verdicts.scenario_report import ScenarioReport
+    from netsim_ddp.workload import WorkloadError
+
     human = _human(json_out)
     try:
-        outcome = run_host(options, progress=lambda message: err.print(escape(message)))
+        outcome = run()
     except HostConfigError as exc:  # refused before anything changed
         _fail(str(exc), EXIT_BAD_INPUT)
     except HostError as exc:
-        if node_rank != 0:
+        if not first:
             _fail(str(exc), EXIT_FAILED)
         outcome = ScenarioReport(scenario, error=str(exc))
     except (FabricError, WorkloadError) as exc:
         _fail(str(exc), EXIT_FAILED)
-    if isinstance(outcome, str):  # not node 0: the verdict is node 0's to report
-        out.print(f"{options.node_name}: job finished ({outcome}); node 0 reports the results")
+    if isinstance(outcome, str):  # a follower: the verdict is the leader's to report
+        out.print(f"{member}: job finished ({outcome}); {leader} reports the results")
         sys.exit(EXIT_OK if outcome == "passed" else EXIT_FAILED)
     if outcome.error:
         err.print(f"[red]{scenario.name}: error[/]: {escape(outcome.error)}", soft_wrap=True)

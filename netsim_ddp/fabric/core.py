@@ -11,6 +11,7 @@ namespaces (empty): `netsim-ddp clean` sweeps them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import random
@@ -91,9 +92,15 @@ class Node:
 class Fabric:
     """Context manager that builds `scenario`'s network and removes it on exit."""
 
-    def __init__(self, scenario: Scenario, *, run_id: str | None = None, dilation: float = 1.0):
+    def __init__(self, scenario: Scenario, *, run_id: str | None = None, dilation: float = 1.0,
+                 only_nodes: Sequence[int] | None = None,
+                 subnet: ipaddress.IPv4Network | None = None):
         self.scenario = scenario
         self.dilation = dilation  # k of a scale model: the nodes' TCP clocks run k times slower
+        # One machine's share of a scale model spread over several (run/machine_agent.py):
+        # only these nodes are built, with the addresses they have in the whole job's `subnet`.
+        self.only_nodes = None if only_nodes is None else frozenset(only_nodes)
+        self.subnet = subnet
         self.tcp_settings: dict[str, dict[str, str | int]] = {}  # per node, read back
         self.run_id = run_id or naming.new_run_id()
         self.plan: FabricPlan | None = None
@@ -161,7 +168,11 @@ class Fabric:
                        for i in range(self.scenario.topology.nodes))
         netem = impaired and self.scenario.link.delay_backend != "delay-line" \
             and probe_capabilities().netem
-        plan = plan_fabric(self.scenario, self.run_id, self._choose_subnet(), netem)
+        plan = plan_fabric(self.scenario, self.run_id,
+                           self.subnet or choose_subnet(self.scenario, self.run_id), netem)
+        if self.only_nodes is not None:
+            plan = dataclasses.replace(plan, nodes=tuple(
+                node for node in plan.nodes if node.index in self.only_nodes))
         if any(node.delay_backend == "delay-line" for node in plan.nodes):
             try:
                 delayline.build_binary()
@@ -169,24 +180,6 @@ class Fabric:
                 raise FabricError(f"scenario {self.scenario.name!r} needs the delay line "
                                   f"(no netem here), which cannot be built: {exc}") from None
         return plan
-
-    def _choose_subnet(self) -> ipaddress.IPv4Network:
-        """The scenario's subnet, or a /24 drawn per run that the host itself doesn't use.
-
-        The nodes can't reach the host's networks either way; avoiding overlap keeps their
-        addresses unambiguous to people reading output and packet captures.
-        """
-        if self.scenario.topology.subnet is not None:
-            return self.scenario.topology.subnet
-        in_use = _host_networks()
-        draw = random.Random(self.run_id)
-        count = 2 ** (24 - SUBNET_POOL.prefixlen)
-        for _ in range(64):
-            start = SUBNET_POOL.network_address + draw.randrange(count) * 256
-            subnet = ipaddress.IPv4Network(f"{start}/24")
-            if not any(subnet.overlaps(net) for net in in_use):
-                return subnet
-        raise FabricError(f"no free /24 in {SUBNET_POOL}; set topology.subnet in the scenario")
 
     # Interface indexes are known, not looked up (a lookup dumps every link, which doubled the
     # build time): the namespaces are fresh, only lo (index 1) exists, so the first interface
@@ -376,6 +369,25 @@ class Fabric:
         for process in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=_TERMINATE_GRACE_S)
+
+
+def choose_subnet(scenario: Scenario, run_id: str) -> ipaddress.IPv4Network:
+    """The scenario's subnet, or a /24 drawn per run that the host itself doesn't use.
+
+    The nodes can't reach the host's networks either way; avoiding overlap keeps their
+    addresses unambiguous to people reading output and packet captures.
+    """
+    if scenario.topology.subnet is not None:
+        return scenario.topology.subnet
+    in_use = _host_networks()
+    draw = random.Random(run_id)
+    count = 2 ** (24 - SUBNET_POOL.prefixlen)
+    for _ in range(64):
+        start = SUBNET_POOL.network_address + draw.randrange(count) * 256
+        subnet = ipaddress.IPv4Network(f"{start}/24")
+        if not any(subnet.overlaps(net) for net in in_use):
+            return subnet
+    raise FabricError(f"no free /24 in {SUBNET_POOL}; set topology.subnet in the scenario")
 
 
 def _veth(ipr: IPRoute, index: int, ifname: str, peer_netns: str, peer_ifname: str,

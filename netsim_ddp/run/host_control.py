@@ -1,5 +1,6 @@
-"""The host agents' control channel: c10d's TCPStore hosted by node 0's agent (hellos,
-heartbeats, the first abort, waiting for every host)."""
+"""The agents' control channel: c10d's TCPStore hosted by member 0's agent (hellos,
+heartbeats, the first abort, waiting for every member). Members are the hosts of `netsim-ddp
+host` (one node each) or the machines of `netsim-ddp machine` (a share of the nodes each)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from netsim_ddp.common.clock import estimate_offset
-from netsim_ddp.run.host_options import HostError, HostOptions
+from netsim_ddp.run.host_options import HostError
 
 CLOCK_ROUNDS = 8
 PREFIX = "netsim-ddp/"
@@ -24,14 +25,34 @@ POLL_S = 0.2
 HEARTBEAT_S = 1.0
 
 
-class Control:
-    """The job's control channel: c10d's TCPStore, hosted by node 0's agent."""
+class Member(Protocol):
+    """What the channel needs of an agent's options: its rank among the members, their count,
+    where member 0 listens, and how long to wait."""
 
-    def __init__(self, options: HostOptions, names: list[str]):
+    @property
+    def node_rank(self) -> int: ...
+    @property
+    def nnodes(self) -> int: ...
+    @property
+    def master_addr(self) -> str: ...
+    @property
+    def master_port(self) -> int: ...
+    @property
+    def join_timeout_s(self) -> float: ...
+    @property
+    def heartbeat_timeout_s(self) -> float: ...
+
+
+class Control:
+    """The job's control channel: c10d's TCPStore, hosted by member 0's agent. `role`: what a
+    member is called in messages ("node", "machine"); `names`: each member's name."""
+
+    def __init__(self, options: Member, names: list[str], role: str = "node"):
         from torch.distributed import TCPStore
 
         self.options = options
         self.names = names
+        self.role = role
         self.endpoint = f"{options.master_addr}:{options.master_port}"
         try:
             self.store = TCPStore(options.master_addr, options.master_port,
@@ -40,8 +61,8 @@ class Control:
                                   wait_for_workers=False)
         except (RuntimeError, ValueError) as exc:  # DistStoreError and kin
             if options.node_rank == 0:
-                raise HostError(f"node 0 cannot listen on {self.endpoint}: {exc}") from None
-            raise HostError(f"node 0 ({names[0]}) never arrived: no netsim-ddp host agent "
+                raise HostError(f"{role} 0 cannot listen on {self.endpoint}: {exc}") from None
+            raise HostError(f"{role} 0 ({names[0]}) never arrived: no netsim-ddp {role} agent "
                             f"answered at {self.endpoint} within {options.join_timeout_s:g} s"
                             ) from None
         self.hellos: dict[int, dict[str, Any]] = {}
@@ -55,7 +76,7 @@ class Control:
         try:
             return fn(*args)
         except (RuntimeError, ValueError) as exc:
-            raise HostError(f"lost contact with node 0 ({self.names[0]}) at {self.endpoint} "
+            raise HostError(f"lost contact with {self.role} 0 ({self.names[0]}) at {self.endpoint} "
                             f"while {what}: its agent exited or the network failed ({exc})"
                             ) from None
 
@@ -74,7 +95,7 @@ class Control:
     def describe(self, rank: int) -> str:
         hello = self.hellos.get(rank)
         host = f" (host {hello['hostname']}, {hello['address']})" if hello else ""
-        return f"node {self.names[rank]}{host}"
+        return f"{self.role} {self.names[rank]}{host}"
 
     # -- failure ------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class Phase:
     timeout_s: float
     profile: bool
     env: dict[str, str]
+    port: int = 0  # `machine`: node 0's port for this phase's static rendezvous
 
 
 class HostAgent(Protocol):

@@ -74,9 +74,9 @@ def _disable_ipv6() -> None:
 
 @contextlib.contextmanager
 def simulated_hosts(count: int, *, queues: int = 1, last_octets: list[int] | None = None,
-                    outsiders: int = 0):
+                    outsiders: int = 0, mtu: int = 1500):
     """`count` job hosts (then `outsiders` more), host i at SUBNET.<last_octets[i]> (i + 1
-    by default), each NIC with `queues` transmit queues."""
+    by default), each NIC with `queues` transmit queues and `mtu` (jumbo for an overlay)."""
     run_id = naming.new_run_id()
     lock = naming.RunLock(run_id)
     lock.acquire()
@@ -99,8 +99,8 @@ def simulated_hosts(count: int, *, queues: int = 1, last_octets: list[int] | Non
             for host in hosts:
                 fd = os.open(netns.path_of(host.netns), os.O_RDONLY)
                 try:
-                    ipr.link("add", ifname=f"nsdp{host.index}", kind="veth",
-                             peer={"ifname": NIC, "net_ns_fd": fd,
+                    ipr.link("add", ifname=f"nsdp{host.index}", kind="veth", mtu=mtu,
+                             peer={"ifname": NIC, "net_ns_fd": fd, "mtu": mtu,
                                    "num_tx_queues": queues, "num_rx_queues": queues})
                 finally:
                     os.close(fd)

@@ -205,10 +205,13 @@ def run_nodes(
     watchdog: Callable[[], None] | None = None,
     node_env: Sequence[Mapping[str, str]] | None = None,
     describe_timeout: Callable[[], str] | None = None,
+    node_ranks: Sequence[int] | None = None,
 ) -> None:
     """Start argvs[i] on nodes[i] and wait for all of them (see `launch`); raises
     WorkloadError, every process gone, if one fails or the timeout passes.
-    `describe_timeout()` adds to a timeout's report (e.g. the ranks' last log lines)."""
+    `describe_timeout()` adds to a timeout's report (e.g. the ranks' last log lines).
+    `node_ranks[i]`: nodes[i]'s rank in the job (default i; a machine's share of a larger job
+    starts elsewhere)."""
     procs: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as stack:
         stack.callback(kill_all, procs)  # runs however we leave: success, failure, Ctrl-C
@@ -219,7 +222,7 @@ def run_nodes(
                 node.popen(
                     list(argv),
                     env={**child_env, **(node_env[node_rank] if node_env else {}),
-                         NODE_RANK_ENV: str(node_rank)},
+                         NODE_RANK_ENV: str(node_ranks[node_rank] if node_ranks else node_rank)},
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,

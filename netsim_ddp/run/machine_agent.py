@@ -1,0 +1,406 @@
+"""`netsim-ddp machine`: one scale model spread over several machines, one agent per machine,
+started by the cluster's own scheduler (srun, a Kubernetes Indexed Job).
+
+Machine m holds a contiguous share of the emulated nodes (scenario.machines.machine_share):
+its own namespaces, switch and shaping, built as `run` builds them on one host (fabric.core,
+only those nodes, with the addresses they have in the whole job's subnet), its switch joined to
+the other machines' over its NIC by a VXLAN port (fabric.overlay). Every machine runs the job's
+one dilation k: its links at rate / k, its nodes' TCP clocks dilated, its replayed compute
+k times longer.
+
+The agents meet over c10d's TCPStore at --master-addr:--master-port (run/host_control: hellos,
+heartbeats, the first abort); machine 0 draws the job's id and subnet, checks that every
+machine was given the same scenario, and then runs the very code `run` runs
+(runner.probe_and_train, finish_report) with a site whose every launch is a phase: each
+machine starts one torchrun per node it holds, all meeting at node 0's emulated address
+(static rendezvous), so bootstrap and training ride the emulated links. Node 0 is machine
+0's, so rank 0 writes the results there. The all-reduce probe spans every machine: a job
+whose underlay cannot carry the dilated links is refused like any other.
+
+Failures: as for `host` (the first abort wins, silent heartbeats end the job); each machine
+takes its fabric down on the way out and says so; SIGKILL leaves empty namespaces (with the
+VXLAN port in the switch's) that `netsim-ddp clean` sweeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from netsim_ddp.common.clock import CLOCK_OFFSET_ENV
+from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
+from netsim_ddp.common.signals import SIGNAL_DIR_ENV
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.core import Fabric, choose_subnet, signals_raise
+from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.nic_checks import NicInfo, check_nic, inspect_nic
+from netsim_ddp.fabric.overlay import check_underlay, overlay
+from netsim_ddp.hostfacts.placement import Placement, place
+from netsim_ddp.measure.dilation import to_target_time
+from netsim_ddp.run.host_agent import _reason
+from netsim_ddp.run.host_control import POLL_S, PREFIX, Control, _rank_of
+from netsim_ddp.run.host_options import HostConfigError, HostError
+from netsim_ddp.run.host_site import OUT_MARK, Phase
+from netsim_ddp.run.runner import finish_report, probe_and_train
+from netsim_ddp.run.site import RunOptions, Site
+from netsim_ddp.scenario.dilation import dilated
+from netsim_ddp.scenario.machines import MachineConfigError, check_machines, machine_share
+from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
+from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
+from netsim_ddp.workload.launcher.launch import (
+    agent_module,
+    rank_env,
+    read_results,
+    run_nodes,
+    torchrun_argv,
+)
+
+__all__ = ["MachineAgent", "MachineOptions", "run_machine"]
+
+END_WAIT_S = 60.0  # machine 0 waits this long for every machine to say its fabric is gone
+PHASE_PORT = 29600  # + the phase's index: node 0's port for that phase's rendezvous
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class MachineOptions:
+    scenario: Scenario
+    machine_rank: int
+    machines: int
+    master_addr: str
+    master_port: int
+    nic: str
+    out_dir: Path
+    iterations: int | None = None
+    timeout_s: float | None = None
+    join_timeout_s: float = JOIN_TIMEOUT_S
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+    allow_untrusted: bool = False
+
+    # The control channel's words (host_control.Member): a machine is one of its members.
+    @property
+    def node_rank(self) -> int:
+        return self.machine_rank
+
+    @property
+    def nnodes(self) -> int:
+        return self.machines
+
+    @property
+    def reply_timeout_s(self) -> float:
+        return 4 * self.heartbeat_timeout_s
+
+    @property
+    def share(self) -> range:
+        """The emulated nodes this machine holds."""
+        return machine_share(self.scenario.topology.nodes, self.machines, self.machine_rank)
+
+    def digest(self) -> str:
+        """What every machine must agree on: the scenario and the options that change the run."""
+        text = json.dumps([self.scenario.model_dump(mode="json"), self.machines,
+                           self.iterations, self.allow_untrusted], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validate(options: MachineOptions) -> Placement:
+    """Everything refused before anything on the machine changes; this machine's placement."""
+    try:
+        check_machines(options.scenario, options.machines)
+        machine_share(options.scenario.topology.nodes, options.machines, options.machine_rank)
+    except MachineConfigError as exc:
+        raise HostConfigError(str(exc)) from None
+    workload = options.scenario.workload
+    assert workload is not None  # check_machines
+    share = options.scenario.topology.model_copy(update={"nodes": len(options.share),
+                                                         "names": None})
+    placement = place(workload.model_copy(update={"backend": "gloo"}), share)
+    if placement.refused:
+        raise HostConfigError(f"{options.scenario.path or options.scenario.name}: "
+                              f"{placement.describe()}")
+    return placement
+
+
+class MachineAgent:
+    def __init__(self, options: MachineOptions, progress: Progress):
+        self.options = options
+        self.progress = progress
+        self.names = [str(m) for m in range(options.machines)]
+        self.hostname = socket.gethostname()
+        self.job = ""
+        self.subnet: ipaddress.IPv4Network | None = None
+        self.clock_offset = 0.0  # to machine 0's CLOCK_MONOTONIC (netsim_ddp.common.clock)
+        self.fabric: Fabric | None = None
+        self.placement: Placement | None = None
+
+    @property
+    def name(self) -> str:
+        return f"machine {self.options.machine_rank}"
+
+    # -- the whole life of one agent ----------------------------------------------------------
+
+    def run(self) -> ScenarioReport | str:
+        """Machine 0: the report. The others: the job's status as machine 0 published it."""
+        options = self.options
+        self.placement = validate(options)
+        try:  # refused before any machine waits on us
+            nic = inspect_nic(options.nic)
+            check_nic(nic, peers_only=True)  # up, not loopback, addressed
+            check_underlay(nic, options.scenario.link.mtu)
+        except FabricError as exc:
+            raise HostConfigError(str(exc)) from None
+        self.progress(f"{self.name}: nodes {options.share.start}..{options.share.stop - 1}; "
+                      f"joining at {options.master_addr}:{options.master_port}")
+        control = Control(options, self.names, role="machine")
+        try:
+            try:
+                self._join(control, nic)
+                return self._built_run(control, nic)
+            except BaseException as exc:
+                control.abort(_reason(exc))
+                raise
+        finally:
+            control.close()
+
+    def _join(self, control: Control, nic: NicInfo) -> None:
+        options = self.options
+        hello = {"hostname": self.hostname, "address": nic.addresses[0], "nic": nic.ifname,
+                 "nodes": [options.share.start, options.share.stop],
+                 "digest": options.digest(), "pid": os.getpid()}
+        mine = json.dumps(hello)
+        claimed = control._call("saying hello", control.store.compare_set,
+                                f"{PREFIX}hello/{options.machine_rank}", "", mine)
+        if claimed.decode() != mine:
+            other = json.loads(claimed)
+            raise HostError(f"machine rank {options.machine_rank} is already taken by host "
+                            f"{other['hostname']} ({other['address']}): give each agent its "
+                            "own --machine-rank")
+        control.start_heartbeat()
+        control.wait_for(
+            [f"hello/{m}" for m in range(options.machines)], options.join_timeout_s,
+            lambda missing: f"never arrived within {options.join_timeout_s:g} s: " + ", ".join(
+                f"machine {_rank_of(key)}" for key in missing), watch=False)
+        control.hellos = {m: control.get_json(f"hello/{m}") for m in range(options.machines)}
+        if options.machine_rank == 0:
+            for m, other in control.hellos.items():
+                if other["digest"] != hello["digest"]:
+                    raise HostError(f"{control.describe(m)} was given a different scenario or "
+                                    "options than machine 0: every machine runs the same file "
+                                    "with the same --machines and --iterations")
+            self.job = naming.new_run_id()
+            self.subnet = choose_subnet(options.scenario, self.job)
+            control.set("job", json.dumps({"job": self.job, "subnet": str(self.subnet)}))
+            control.serve_clock()
+            error = 0.0
+        else:
+            control.wait_for(["job"], options.join_timeout_s,
+                             lambda _: "machine 0 did not start the job")
+            job = control.get_json("job")
+            self.job, self.subnet = job["job"], ipaddress.IPv4Network(job["subnet"])
+            self.clock_offset, error = control.offset_to_node0()
+        control.set(f"clock/{options.machine_rank}",
+                    json.dumps({"offset_s": self.clock_offset, "error_s": error}))
+
+    def _built_run(self, control: Control, nic: NicInfo) -> ScenarioReport | str:
+        """This machine's share of the fabric, joined to the others', for the whole job."""
+        options, scenario = self.options, self.options.scenario
+        k = float(scenario.emulation.dilation)  # a number: check_machines refuses 'auto'
+        host = dilated(scenario, k) if k != 1 else scenario
+        remotes = [hello["address"] for m, hello in sorted(control.hellos.items())
+                   if m != options.machine_rank]
+        outcome: ScenarioReport | str | None = None
+        restored: dict[str, Any] = {"ok": False, "error": "never built"}
+        try:
+            with Fabric(host, dilation=k, only_nodes=options.share, subnet=self.subnet) as fabric:
+                assert fabric.plan is not None
+                restored["error"] = "left while running"
+                with overlay(fabric.plan, nic, remotes, self.job):
+                    self.fabric = fabric
+                    control.set(f"built/{options.machine_rank}", json.dumps({
+                        "run_id": fabric.run_id, "tcp_settings": fabric.tcp_settings,
+                        "delay_backends": fabric.delay_backends,
+                        "nodes": [node.name for node in fabric.nodes]}))
+                    control.wait_for([f"built/{m}" for m in range(options.machines)],
+                                     options.join_timeout_s, lambda missing: ", ".join(
+                        control.describe(_rank_of(key)) for key in missing)
+                        + f" did not build its nodes within {options.join_timeout_s:g} s")
+                    self.progress(f"{self.name}: {len(fabric.nodes)} nodes built "
+                                  f"(run {fabric.run_id}, job {self.job}); all machines ready")
+                    outcome = (self._lead(control, host, k) if options.machine_rank == 0
+                               else self._follow(control))
+            restored = {"ok": True, "error": None}
+        except BaseException as exc:
+            # The fabric's ExitStack ran whatever ended the run; only its own failure (a
+            # FabricError from the teardown) can leave something behind.
+            restored = {"ok": not isinstance(exc, FabricError), "error": _reason(exc)}
+            raise
+        finally:
+            self.fabric = None
+            with contextlib.suppress(HostError):
+                control.set(f"restored/{options.machine_rank}", json.dumps(restored))
+        if isinstance(outcome, ScenarioReport):
+            outcome.hosts = self._machines_summary(control)
+        assert outcome is not None
+        return outcome
+
+    # -- machine 0 ----------------------------------------------------------------------------
+
+    def _lead(self, control: Control, host: Scenario, k: float) -> ScenarioReport:
+        options, scenario = self.options, self.options.scenario
+        workload = scenario.workload
+        assert workload is not None and self.placement is not None  # validated
+        if options.iterations is not None:
+            workload = workload.model_copy(update={"iterations": options.iterations})
+        workload = workload.model_copy(update={"backend": self.placement.backend})
+        report = ScenarioReport(scenario, run_id=self.job, out_dir=options.out_dir,
+                                placement=self.placement,
+                                host_scenario=host if k != 1 else None, dilation=k)
+        built = [control.get_json(f"built/{m}") for m in range(options.machines)]
+        report.tcp_settings = {n: s for b in built for n, s in b["tcp_settings"].items()}
+        report.delay_backends = {n: s for b in built for n, s in b["delay_backends"].items()}
+        phases = iter(range(1_000_000))
+        site = _MachinesSite(self, control, phases, RunOptions(
+            options.out_dir, allow_untrusted=options.allow_untrusted,
+            timeout_s=options.timeout_s, progress=self.progress))
+        try:
+            trained = probe_and_train(host.model_copy(update={"workload": workload}), site,
+                                      report)
+            if trained is not None:
+                results, background = trained
+                finish_report(report, {mode: to_target_time(result, k)
+                                       for mode, result in results.items()}, background)
+        except WorkloadError as exc:
+            report.error = str(exc)
+            control.abort(report.error)
+        control.set(f"phase/{next(phases)}", json.dumps({"done": report.status}))
+        return report
+
+    def _machines_summary(self, control: Control) -> dict[str, dict[str, object]]:
+        """Per machine: its host, NIC, nodes, clock, and whether its fabric is gone (machine 0
+        waits a while for the others to say so)."""
+        deadline = time.monotonic() + END_WAIT_S
+        with contextlib.suppress(HostError):
+            while time.monotonic() < deadline:
+                gone = set(control.silent())
+                if all(control.has(f"restored/{m}") for m in range(self.options.machines)
+                       if m not in gone):
+                    break
+                time.sleep(POLL_S)
+        summary: dict[str, dict[str, object]] = {}
+        for m, hello in sorted(control.hellos.items()):
+            entry: dict[str, object] = {"machine_rank": m, "hostname": hello["hostname"],
+                                        "address": hello["address"], "nic": hello["nic"],
+                                        "nodes": list(range(*hello["nodes"]))}
+            for key, field in ((f"built/{m}", "built"), (f"restored/{m}", "restored"),
+                               (f"clock/{m}", "clock")):
+                with contextlib.suppress(HostError):
+                    entry[field] = control.get_json(key) if control.has(key) else None
+            summary[f"machine{m}"] = entry
+        return summary
+
+    # -- the other machines -------------------------------------------------------------------
+
+    def _follow(self, control: Control) -> str:
+        for index in range(1_000_000):
+            control.wait_for([f"phase/{index}"], None, lambda _: "")
+            message = control.get_json(f"phase/{index}")
+            if "done" in message:
+                return str(message["done"])
+            self._run_phase(control, Phase(**message))
+        raise AssertionError("unreachable")
+
+    # -- one phase: a torchrun per node this machine holds ------------------------------------
+
+    def _run_phase(self, control: Control, phase: Phase) -> None:
+        options, fabric = self.options, self.fabric
+        assert fabric is not None and fabric.plan is not None and self.placement is not None
+        out = (options.out_dir / phase.path).resolve()
+        logs = out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        spec_path = out / "spec.json"
+        spec_path.write_text(phase.spec)
+        spec = RankSpec.model_validate_json(phase.spec)
+        node0 = str(next(fabric.plan.subnet.hosts()))  # plan_fabric's address of node 0
+        argvs = [torchrun_argv(
+            nnodes=options.scenario.topology.nodes,
+            nproc_per_node=options.scenario.topology.ranks_per_node, node_rank=node.index,
+            master_addr=node0, master_port=phase.port, spec_path=spec_path, out_dir=out,
+            log_dir=logs / node.name, profile_dir=out if phase.profile else None,
+            agent=agent_module(spec)) for node in fabric.nodes]
+        local = {key: value.replace(OUT_MARK, str(options.out_dir))
+                 for key, value in phase.env.items()}
+        if SIGNAL_DIR_ENV in local:  # where the ranks mark their windows' edges
+            Path(local[SIGNAL_DIR_ENV]).mkdir(parents=True, exist_ok=True)
+        env = rank_env("eth0", {**local, CLOCK_OFFSET_ENV: repr(self.clock_offset)})
+        try:
+            run_nodes(fabric.nodes, argvs, logs, env, phase.timeout_s,
+                      watchdog=_throttled(lambda: _watch(control)),
+                      node_env=self.placement.node_env(self.job, [n.name for n in fabric.nodes]),
+                      node_ranks=[node.index for node in fabric.nodes])
+        except HostError:
+            raise  # another machine's failure, already posted
+        except WorkloadError as exc:
+            control.abort(f"{self.name}: {exc}")
+            raise
+        control.set(f"status/{phase.index}/{options.machine_rank}", "")
+        control.wait_for([f"status/{phase.index}/{m}" for m in range(options.machines)],
+                         options.reply_timeout_s,
+                         lambda missing: f"phase {phase.index}: no word from "
+                         + ", ".join(control.describe(_rank_of(key)) for key in missing))
+
+
+class _MachinesSite(Site):
+    """The nodes live on several machines, one agent each: every launch is a phase that each
+    machine runs for the nodes it holds (MachineAgent._run_phase)."""
+
+    def __init__(self, agent: MachineAgent, control: Control, phases: Iterator[int],
+                 options: RunOptions):
+        super().__init__(options)
+        self.agent, self.control, self.phases = agent, control, phases
+
+    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
+               env: Mapping[str, str] | None = None,
+               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
+        out = self.options.out
+        portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
+        index = next(self.phases)
+        phase = Phase(index, str(Path(out_dir).relative_to(out)), spec.model_dump_json(),
+                      timeout_s, profile, portable, port=PHASE_PORT + index)
+        self.control.set(f"phase/{index}", json.dumps(phase.__dict__))
+        self.agent._run_phase(self.control, phase)
+        # Node 0 is this machine's (machine_share), so rank 0 wrote the results here.
+        return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+
+
+def _watch(control: Control) -> None:
+    control.raise_if_aborted()
+    control.check_heartbeats()
+
+
+def _throttled(check: Callable[[], None], every_s: float = POLL_S) -> Callable[[], None]:
+    """`check`, at most every `every_s` (run_nodes calls its watchdog every 0.1 s)."""
+    last = [0.0]
+
+    def throttled() -> None:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            check()
+
+    return throttled
+
+
+def run_machine(options: MachineOptions, progress: Progress = lambda message: None
+                ) -> ScenarioReport | str:
+    # SIGTERM and SIGHUP (a scheduler cancelling the job) end the agent through its
+    # `finally`s, so the fabric is taken down.
+    with signals_raise():
+        return MachineAgent(options, progress).run()
