@@ -135,3 +135,14 @@ def test_a_host_without_the_fabric_skips_but_fails_where_it_is_required(
     result.assert_outcomes(**{outcome: 1})
     result.stdout.fnmatch_lines(["*cannot build namespaces and shaped veths: no namespaces on "
                                  "this host*"])
+
+
+def test_every_test_module_has_a_basename_of_its_own():
+    """Test folders have no __init__.py, so pytest imports each module by its basename: two
+    test_x.py in different folders make the whole collection fail ("import file mismatch")
+    in CI's tier that holds both, while a run of either folder alone passes (it has happened
+    twice)."""
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]}: rename one"
+        seen[path.name] = path
