@@ -285,7 +285,7 @@ def machine(file: str, machine_rank: int, machines: int, master_addr: str, maste
     from netsim_ddp.run.machine_agent import MachineOptions, run_machine
     from netsim_ddp.run.runner import run_folder
 
-    (scenario,) = _load_all((file,), host_check=False)  # a share of it runs here: not all
+    (scenario,) = _load_all((file,), host_check=False)  # the agent checks this machine's share
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
     options = MachineOptions(
         scenario=scenario, machine_rank=machine_rank, machines=machines,

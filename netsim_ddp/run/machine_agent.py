@@ -53,8 +53,9 @@ from netsim_ddp.run.host_site import OUT_MARK, Phase
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.scenario.dilation import dilated
+from netsim_ddp.scenario.limits import check_host
 from netsim_ddp.scenario.machines import MachineConfigError, check_machines, machine_share
-from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import (
@@ -119,11 +120,18 @@ def validate(options: MachineOptions) -> Placement:
         machine_share(options.scenario.topology.nodes, options.machines, options.machine_rank)
     except MachineConfigError as exc:
         raise HostConfigError(str(exc)) from None
-    workload = options.scenario.workload
+    scenario, share = options.scenario, options.share
+    workload = scenario.workload
     assert workload is not None  # check_machines
-    share = options.scenario.topology.model_copy(update={"nodes": len(options.share),
-                                                         "names": None})
-    placement = place(workload.model_copy(update={"backend": "gloo"}), share)
+    topology = scenario.topology.model_copy(update={"nodes": len(share), "names": None})
+    try:  # what `run` checks of a whole scenario, for this machine's share of it
+        check_host(scenario.model_copy(update={"topology": topology}))
+    except ScenarioError as exc:
+        raise HostConfigError(f"{exc} (this machine's share: nodes {share.start}.."
+                              f"{share.stop - 1} of {scenario.topology.nodes}; more machines "
+                              "hold fewer each: `netsim-ddp plan --machine` sizes them)"
+                              ) from None
+    placement = place(workload.model_copy(update={"backend": "gloo"}), topology)
     if placement.refused:
         raise HostConfigError(f"{options.scenario.path or options.scenario.name}: "
                               f"{placement.describe()}")
