@@ -141,7 +141,7 @@ class Fabric:
                 if node.delay_backend == "delay-line":
                     self._start_delay_line(stack, node, rt_priority=10 if mode == "root" else 0)
         except BaseException:
-            with _signals_deferred():
+            with signals_deferred():
                 stack.close()
             raise
         self.plan = plan
@@ -156,7 +156,7 @@ class Fabric:
         stack, self._stack = self._stack, None
         self._iproutes.clear()
         if stack is not None:
-            with _signals_deferred():
+            with signals_deferred():
                 stack.close()
 
     # -- building ---------------------------------------------------------------------------
@@ -442,9 +442,14 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Teardown runs to its end: a second Ctrl-C (or SIGTERM, SIGHUP) meanwhile is held back
-    and raised once everything is removed, instead of cutting teardown short."""
+    and raised once everything is removed, instead of cutting teardown short.
+
+    By swapping the handlers, not by masking the signals: a mask holds them for this thread
+    only, and the kernel hands a process-directed signal to any thread that does not block it
+    (OpenBLAS's workers, which numpy starts on import), whose Python handler then runs here
+    at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -26,10 +26,9 @@ import contextlib
 import errno
 import json
 import os
-import signal
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 from netsim_ddp.scenario.spec import EffectiveLink
 
 from . import naming
+from .core import signals_deferred
 from .nic_checks import (
     NicError,
     NicInfo,
@@ -90,7 +90,6 @@ SO_NETNS_COOKIE = 71  # Linux >= 5.14: a namespace's id, never reused while the 
 STATE_PREFIX = "nic-"
 JOB_ENV = "NETSIM_DDP_HOST_JOB"  # marks every process an agent starts, for `clean`
 # Signals that must not cut a restore short (a scheduler's second SIGTERM, a second Ctrl-C).
-RESTORE_BLOCKS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 class NicRestoreError(NicError):
@@ -259,17 +258,6 @@ def _restore(ipr: IPRoute, state: NicState) -> None:
                               + " | ".join(problems))
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """The signals that end an agent wait until the block is over: a second SIGTERM or Ctrl-C
-    must not cut a restore in half. They are delivered after it."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, RESTORE_BLOCKS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class ShapedNic:
     """Context manager: `ifname` shaped to `link` for the block, restored exactly after it."""
 
@@ -370,7 +358,7 @@ class ShapedNic:
         if state is None or fd is None:
             return
         assert self._path is not None
-        with _signals_held():
+        with signals_deferred():
             try:
                 with IPRoute() as ipr:
                     _restore(ipr, state)

@@ -14,7 +14,8 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from . import naming, netns
-from .nic import JOB_ENV, STATE_PREFIX, NicError, NicState, _lock, _restore, _signals_held, _unlock
+from .core import signals_deferred
+from .nic import JOB_ENV, STATE_PREFIX, NicError, NicState, _lock, _restore, _unlock
 from .tc_tree import (
     TreeError,
 )
@@ -161,7 +162,7 @@ def _restore_stale(path: Path, dry_run: bool, forget: str | None) -> RestoredNic
             found.outcome = "would-restore"
             return found
         assert where is not None
-        with _entered(where), _signals_held():
+        with _entered(where), signals_deferred():
             found.killed_processes = kill_job_processes(state.job, state.netns_inode)
             with IPRoute() as ipr:
                 _restore(ipr, state)

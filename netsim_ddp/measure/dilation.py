@@ -78,12 +78,14 @@ def replayed_compute_s(mode: ModeReport) -> float | None:
     return script.replay_compute_s if script is not None else None
 
 
-def notice(dilation: float, compute_source: str) -> str | None:
+def notice(dilation: float, compute_source: str, machines: int = 1) -> str | None:
     """The one line every table and document of a scale-model run carries (None: a plain
-    run, real time and real compute)."""
-    if dilation == 1 and compute_source == "real":
+    run, real time and real compute, on one machine)."""
+    if dilation == 1 and compute_source == "real" and machines == 1:
         return None
     parts = []
+    if machines != 1:
+        parts.append(f"spread over {machines} machines (their switches joined by VXLAN)")
     if dilation != 1:
         parts.append(f"time-dilated x{dilation:g} (links ran at rate/{dilation:g}; times are "
                      "the target's, host times / k)")

@@ -271,7 +271,8 @@ class MachineAgent:
         workload = workload.model_copy(update={"backend": self.placement.backend})
         report = ScenarioReport(scenario, run_id=self.job, out_dir=options.out_dir,
                                 placement=self.placement,
-                                host_scenario=host if k != 1 else None, dilation=k)
+                                host_scenario=host if k != 1 else None, dilation=k,
+                                machines=options.machines)
         built = [control.get_json(f"built/{m}") for m in range(options.machines)]
         report.tcp_settings = {n: s for b in built for n, s in b["tcp_settings"].items()}
         report.delay_backends = {n: s for b in built for n, s in b["delay_backends"].items()}

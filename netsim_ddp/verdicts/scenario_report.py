@@ -35,7 +35,8 @@ class ScenarioReport:
     tcp_settings: dict[str, dict[str, str | int]] = field(default_factory=dict)  # kernel-read
     host_load: CpuLoad | None = None  # the host's CPUs while the modes trained
     link_schedule: LinkScheduler | None = None  # what [[link.schedule]] did, per mode
-    hosts: dict[str, dict[str, object]] | None = None  # multi-host: per node, its host and NIC
+    # multi-host: per node, its host and NIC; `machine`: per machine, its host, NIC and nodes
+    hosts: dict[str, dict[str, object]] | None = None
     out_dir: Path | None = None  # this run's own folder: logs, results, signals
     placement: Placement | None = None  # backend, each rank's GPU, per-node environment
     transport: TransportEvidence | None = None  # NCCL's own account of its links (NCCL only)
@@ -44,6 +45,7 @@ class ScenarioReport:
     host_scenario: Scenario | None = None
     dilation: float = 1.0
     dilation_chosen: str | None = None
+    machines: int = 1  # `netsim-ddp machine`: the machines the fabric was spread over
     target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
     uplinks: dict[str, dict[str, int | None]] = field(default_factory=dict)  # racks, whole run
 
@@ -55,7 +57,7 @@ class ScenarioReport:
     @property
     def notice(self) -> str | None:
         """The scale model's one line (None: real time, real compute)."""
-        return notice(self.dilation, self.compute_source)
+        return notice(self.dilation, self.compute_source, self.machines)
 
     @property
     def status(self) -> str:

@@ -83,6 +83,8 @@ def test_two_machines_run_the_scale_model_one_host_runs(two_machines, tmp_path):
     checks = {check["name"] for check in spread["checks"] if check["passed"]}
     assert {"fidelity", "fidelity:replay:fp32", "crossed:fp32"} <= checks
     assert spread["emulation"]["dilation"] == alone["emulation"]["dilation"] == 4
+    assert "spread over 2 machines" in spread["emulation"]["notice"]
+    assert "machines" not in alone["emulation"]["notice"]
     a, b = alone["modes"]["fp32"], spread["modes"]["fp32"]
     assert b["wire_bytes_per_iteration"] / a["wire_bytes_per_iteration"] == pytest.approx(
         1, abs=0.05)

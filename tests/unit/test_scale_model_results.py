@@ -65,6 +65,8 @@ def test_stragglers_wait_in_target_time() -> None:
 def test_notice_and_labels() -> None:
     assert notice(1, "real") is None
     assert "x20" in notice(20, "real") and "replayed" in notice(1, "replay")
+    assert "spread over 3 machines" in notice(1, "real", machines=3)
+    assert "machines" not in notice(20, "replay")
     assert emulation_label(1, "real") == REAL_TIME
     assert emulation_label(40, "replay") != emulation_label(20, "replay")
 
