@@ -233,7 +233,7 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         allow_untrusted=allow_untrusted, ingress=not no_ingress)
     _run_agent(lambda: run_host(options, progress=lambda message: err.print(escape(message))),
                scenario, session, json_out, first=node_rank == 0,
-               member=f"{options.node_name}", leader="node 0")
+               member=options.node_name, leader="node 0")
 
 
 def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: float,

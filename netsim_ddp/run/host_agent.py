@@ -66,7 +66,6 @@ from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.run.host_control import (
     HEARTBEAT_S,
     POLL_S,
-    PREFIX,
     Control,
     _rank_of,
     _says,
@@ -146,29 +145,10 @@ class HostAgent:
         hello = {"hostname": self.hostname, "address": self.address, "nic": options.nic,
                  "backend": self.placement.backend,
                  "digest": options.digest(), "pid": os.getpid()}
-        key = f"{PREFIX}hello/{options.node_rank}"
-        mine = json.dumps(hello)
-        claimed = control._call("saying hello", control.store.compare_set, key, "", mine)
-        if claimed.decode() != mine:
-            other = json.loads(claimed)
-            raise HostError(f"node rank {options.node_rank} is already taken by host "
-                            f"{other['hostname']} ({other['address']}): give each agent its "
-                            "own --node-rank")
-        control.start_heartbeat()
-        control.wait_for(
-            [f"hello/{rank}" for rank in range(options.nnodes)], options.join_timeout_s,
-            lambda missing: "never arrived within "
-            f"{options.join_timeout_s:g} s: " + ", ".join(
-                f"node {self.names[int(key.rsplit('/', 1)[1])]} (node rank "
-                f"{key.rsplit('/', 1)[1]})" for key in missing), watch=False)
-        control.hellos = {rank: control.get_json(f"hello/{rank}")
-                          for rank in range(options.nnodes)}
+        control.join(hello, ("--node-rank", "--nnodes"),
+                     lambda rank: f"node {self.names[rank]} (node rank {rank})")
         if options.node_rank == 0:
             for rank, other in control.hellos.items():
-                if other["digest"] != hello["digest"]:
-                    raise HostError(f"{control.describe(rank)} was given a different scenario "
-                                    "or options than node 0: every host runs the same file "
-                                    "with the same --nnodes and --iterations")
                 if other["backend"] != hello["backend"]:
                     raise HostError(
                         f"{control.describe(rank)} would run its ranks on "
@@ -280,24 +260,10 @@ class HostAgent:
     def _hosts_summary(self, control: Control) -> dict[str, dict[str, object]]:
         """Per node: its host, NIC, the shaping read back from its kernel, and whether its
         NIC came back as recorded (node 0 waits a while for the others to say so)."""
-        deadline = time.monotonic() + END_WAIT_S
-        with contextlib.suppress(HostError):
-            while time.monotonic() < deadline:
-                gone = set(control.silent())  # a dead agent never answers
-                if all(control.has(f"restored/{rank}") for rank in range(self.options.nnodes)
-                       if rank not in gone):
-                    break
-                time.sleep(POLL_S)
-        summary: dict[str, dict[str, object]] = {}
-        for rank, hello in sorted(control.hellos.items()):
-            entry: dict[str, object] = {"node_rank": rank, "hostname": hello["hostname"],
-                                        "address": hello["address"], "nic": hello["nic"]}
-            for key, field in ((f"shaped/{rank}", "shaping"), (f"restored/{rank}", "restored"),
-                               (f"clock/{rank}", "clock")):
-                with contextlib.suppress(HostError):
-                    entry[field] = control.get_json(key) if control.has(key) else None
-            summary[self.names[rank]] = entry
-        return summary
+        summary = control.summary(END_WAIT_S, lambda rank, hello: {
+            "node_rank": rank, "hostname": hello["hostname"], "address": hello["address"],
+            "nic": hello["nic"]}, {"shaped": "shaping", "restored": "restored", "clock": "clock"})
+        return {self.names[rank]: entry for rank, entry in summary.items()}
 
     # -- other nodes --------------------------------------------------------------------------
 

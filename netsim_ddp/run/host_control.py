@@ -112,6 +112,35 @@ class Control:
                 raise HostError(f"{self.describe(entry['node_rank'])} failed: {entry['reason']}")
             raise HostError(entry["reason"])
 
+    def join(self, hello: dict[str, Any], flags: tuple[str, str],
+             named: Callable[[int], str]) -> None:
+        """Post this member's hello, its rank claimed once; beat; wait for every member's
+        hello (`named(rank)` names one that never arrives); member 0 then refuses any member
+        given another scenario or options. `flags`: the options that give a member its rank
+        and the member count (named in the errors)."""
+        options, (rank_flag, count_flag) = self.options, flags
+        mine = json.dumps(hello)
+        claimed = self._call("saying hello", self.store.compare_set,
+                             f"{PREFIX}hello/{options.node_rank}", "", mine)
+        if claimed.decode() != mine:
+            other = json.loads(claimed)
+            raise HostError(f"{self.role} rank {options.node_rank} is already taken by host "
+                            f"{other['hostname']} ({other['address']}): give each agent its "
+                            f"own {rank_flag}")
+        self.start_heartbeat()
+        self.wait_for([f"hello/{rank}" for rank in range(options.nnodes)],
+                      options.join_timeout_s, lambda missing: "never arrived within "
+                      f"{options.join_timeout_s:g} s: "
+                      + ", ".join(named(_rank_of(key)) for key in missing), watch=False)
+        self.hellos = {rank: self.get_json(f"hello/{rank}") for rank in range(options.nnodes)}
+        if options.node_rank != 0:
+            return
+        for rank, other in self.hellos.items():
+            if other["digest"] != hello["digest"]:
+                raise HostError(f"{self.describe(rank)} was given a different scenario or "
+                                f"options than {self.role} 0: every agent runs the same file "
+                                f"with the same {count_flag} and --iterations")
+
     def start_heartbeat(self) -> None:
         def beat() -> None:
             from torch.distributed import TCPStore
@@ -164,6 +193,29 @@ class Control:
             if deadline is not None and time.monotonic() > deadline:
                 raise HostError(what(missing))
             time.sleep(POLL_S)
+
+    def summary(self, wait_s: float, about: Callable[[int, dict[str, Any]], dict[str, object]],
+                posted: dict[str, str]) -> dict[int, dict[str, object]]:
+        """Per member: `about(rank, hello)` and, for each `posted` key prefix, the JSON the
+        member posted there (None if it posted none), once every member still beating has
+        posted `restored/` (waiting at most `wait_s`: a dead agent never answers)."""
+        deadline = time.monotonic() + wait_s
+        with contextlib.suppress(HostError):
+            while time.monotonic() < deadline:
+                gone = set(self.silent())
+                if all(self.has(f"restored/{rank}") for rank in range(self.options.nnodes)
+                       if rank not in gone):
+                    break
+                time.sleep(POLL_S)
+        summary: dict[int, dict[str, object]] = {}
+        for rank, hello in sorted(self.hellos.items()):
+            entry = about(rank, hello)
+            for prefix, field in posted.items():
+                with contextlib.suppress(HostError):
+                    key = f"{prefix}/{rank}"
+                    entry[field] = self.get_json(key) if self.has(key) else None
+            summary[rank] = entry
+        return summary
 
     # -- one clock for the job ---------------------------------------------------------------
 

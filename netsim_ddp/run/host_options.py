@@ -24,11 +24,12 @@ class HostConfigError(HostError):
     """Refused before anything changed: the scenario and the options disagree."""
 
 
-@dataclass(frozen=True)
-class HostOptions:
+@dataclass(frozen=True, kw_only=True)
+class AgentOptions:
+    """What every agent of a job is given (`host`'s and `machine`'s): the scenario, where
+    member 0 listens, this agent's NIC and folder, and how long to wait."""
+
     scenario: Scenario
-    node_rank: int
-    nnodes: int
     master_addr: str
     master_port: int
     nic: str
@@ -38,22 +39,37 @@ class HostOptions:
     join_timeout_s: float = JOIN_TIMEOUT_S
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     allow_untrusted: bool = False
-    ingress: bool = True
 
     @property
     def reply_timeout_s(self) -> float:
-        """How long node 0 waits for every host's word on a phase: a few heartbeat timeouts."""
+        """How long member 0 waits for every member's word on a phase: a few heartbeats."""
         return 4 * self.heartbeat_timeout_s
+
+    @property
+    def members(self) -> int:
+        """How many agents the job has (hosts, or machines)."""
+        raise NotImplementedError
+
+    def digest(self) -> str:
+        """What every agent must agree on: the scenario and the options that change the run."""
+        text = json.dumps([self.scenario.model_dump(mode="json"), self.members, self.iterations,
+                           self.allow_untrusted], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostOptions(AgentOptions):
+    node_rank: int
+    nnodes: int
+    ingress: bool = True
+
+    @property
+    def members(self) -> int:
+        return self.nnodes
 
     @property
     def node_name(self) -> str:
         return self.scenario.topology.node_names[self.node_rank]
-
-    def digest(self) -> str:
-        """What every host must agree on: the scenario and the options that change the run."""
-        text = json.dumps([self.scenario.model_dump(mode="json"), self.nnodes, self.iterations,
-                           self.allow_untrusted], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def validate(options: HostOptions) -> None:

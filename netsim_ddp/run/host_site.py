@@ -37,8 +37,8 @@ class Phase:
 
 
 class HostAgent(Protocol):
-    """What the site needs of this host's agent (host_agent.HostAgent): its options, and running
-    a phase, or its background ends, on this host."""
+    """What the hosts' site needs of this host's agent (host_agent.HostAgent): its options, and
+    running a phase, or its background ends, on this host."""
 
     options: HostOptions
 
@@ -50,27 +50,46 @@ class HostAgent(Protocol):
     def _stop_traffic(self) -> None: ...
 
 
-class _HostsSite(Site):
-    """The nodes live on real hosts, one agent each: every launch is a phase that each agent
-    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic)."""
+class PhaseRunner(Protocol):
+    """An agent that runs a phase on its own share of the nodes (host or machine agent)."""
 
-    def __init__(self, agent: HostAgent, control: Control, phases: Iterator[int],
+    def _run_phase(self, control: Control, phase: Phase) -> None: ...
+
+
+class _PhasesSite(Site):
+    """Nodes that live under several agents: every launch is a phase that member 0 posts on
+    the store and every agent runs for the nodes it holds (its _run_phase), member 0 too.
+    Paths travel relative to each agent's --out; `port_of(index)`: the phase's rendezvous
+    port, where the agents do not meet through the store itself (0: they do)."""
+
+    def __init__(self, agent: PhaseRunner, control: Control, phases: Iterator[int],
                  options: RunOptions):
         super().__init__(options)
         self.agent, self.control, self.phases = agent, control, phases
 
+    def port_of(self, index: int) -> int:
+        return 0
+
     def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                env: Mapping[str, str] | None = None,
                watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-        # No watchdog to call: each agent watches its own background ends (_run_phase).
-        # Paths travel relative to each agent's --out (rank 0 may be on any host).
+        # No watchdog to call: each agent watches its own end of the job (_run_phase).
         out = self.options.out
         portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
-        phase = Phase(next(self.phases), str(Path(out_dir).relative_to(out)),
-                      spec.model_dump_json(), timeout_s, profile, portable)
-        self.control.set(f"phase/{phase.index}", json.dumps(phase.__dict__))
+        index = next(self.phases)
+        phase = Phase(index, str(Path(out_dir).relative_to(out)), spec.model_dump_json(),
+                      timeout_s, profile, portable, port=self.port_of(index))
+        self.control.set(f"phase/{index}", json.dumps(phase.__dict__))
         self.agent._run_phase(self.control, phase)
         return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+
+
+class _HostsSite(_PhasesSite):
+    """The nodes live on real hosts, one agent each: every launch is a phase that each agent
+    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic).
+    Results land on whichever host the rendezvous made rank 0; its agent shares them."""
+
+    agent: HostAgent
 
     def traffic(self, signals: Path) -> _HostsTraffic:
         return _HostsTraffic(self.agent, self.control, self.phases, signals)

@@ -25,19 +25,17 @@ VXLAN port in the switch's) that `netsim-ddp clean` sweeps.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import ipaddress
 import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from netsim_ddp.common.clock import CLOCK_OFFSET_ENV
-from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.core import Fabric, choose_subnet, signals_raise
@@ -47,21 +45,20 @@ from netsim_ddp.fabric.overlay import check_underlay, overlay
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.run.host_agent import _reason
-from netsim_ddp.run.host_control import POLL_S, PREFIX, Control, _rank_of
-from netsim_ddp.run.host_options import HostConfigError, HostError
-from netsim_ddp.run.host_site import OUT_MARK, Phase
+from netsim_ddp.run.host_control import POLL_S, Control, _rank_of
+from netsim_ddp.run.host_options import AgentOptions, HostConfigError, HostError
+from netsim_ddp.run.host_site import OUT_MARK, Phase, _PhasesSite
 from netsim_ddp.run.runner import finish_report, probe_and_train
-from netsim_ddp.run.site import RunOptions, Site
+from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.limits import check_host
 from netsim_ddp.scenario.machines import MachineConfigError, check_machines, machine_share
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
+from netsim_ddp.workload import RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import (
     agent_module,
     rank_env,
-    read_results,
     run_nodes,
     torchrun_argv,
 )
@@ -73,20 +70,10 @@ PHASE_PORT = 29600  # + the phase's index: node 0's port for that phase's rendez
 Progress = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class MachineOptions:
-    scenario: Scenario
+@dataclass(frozen=True, kw_only=True)
+class MachineOptions(AgentOptions):
     machine_rank: int
     machines: int
-    master_addr: str
-    master_port: int
-    nic: str
-    out_dir: Path
-    iterations: int | None = None
-    timeout_s: float | None = None
-    join_timeout_s: float = JOIN_TIMEOUT_S
-    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
-    allow_untrusted: bool = False
 
     # The control channel's words (host_control.Member): a machine is one of its members.
     @property
@@ -98,19 +85,13 @@ class MachineOptions:
         return self.machines
 
     @property
-    def reply_timeout_s(self) -> float:
-        return 4 * self.heartbeat_timeout_s
+    def members(self) -> int:
+        return self.machines
 
     @property
     def share(self) -> range:
         """The emulated nodes this machine holds."""
         return machine_share(self.scenario.topology.nodes, self.machines, self.machine_rank)
-
-    def digest(self) -> str:
-        """What every machine must agree on: the scenario and the options that change the run."""
-        text = json.dumps([self.scenario.model_dump(mode="json"), self.machines,
-                           self.iterations, self.allow_untrusted], sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def validate(options: MachineOptions) -> Placement:
@@ -184,26 +165,8 @@ class MachineAgent:
         hello = {"hostname": self.hostname, "address": nic.addresses[0], "nic": nic.ifname,
                  "nodes": [options.share.start, options.share.stop],
                  "digest": options.digest(), "pid": os.getpid()}
-        mine = json.dumps(hello)
-        claimed = control._call("saying hello", control.store.compare_set,
-                                f"{PREFIX}hello/{options.machine_rank}", "", mine)
-        if claimed.decode() != mine:
-            other = json.loads(claimed)
-            raise HostError(f"machine rank {options.machine_rank} is already taken by host "
-                            f"{other['hostname']} ({other['address']}): give each agent its "
-                            "own --machine-rank")
-        control.start_heartbeat()
-        control.wait_for(
-            [f"hello/{m}" for m in range(options.machines)], options.join_timeout_s,
-            lambda missing: f"never arrived within {options.join_timeout_s:g} s: " + ", ".join(
-                f"machine {_rank_of(key)}" for key in missing), watch=False)
-        control.hellos = {m: control.get_json(f"hello/{m}") for m in range(options.machines)}
+        control.join(hello, ("--machine-rank", "--machines"), lambda m: f"machine {m}")
         if options.machine_rank == 0:
-            for m, other in control.hellos.items():
-                if other["digest"] != hello["digest"]:
-                    raise HostError(f"{control.describe(m)} was given a different scenario or "
-                                    "options than machine 0: every machine runs the same file "
-                                    "with the same --machines and --iterations")
             self.job = naming.new_run_id()
             self.subnet = choose_subnet(options.scenario, self.job)
             control.set("job", json.dumps({"job": self.job, "subnet": str(self.subnet)}))
@@ -294,27 +257,13 @@ class MachineAgent:
         return report
 
     def _machines_summary(self, control: Control) -> dict[str, dict[str, object]]:
-        """Per machine: its host, NIC, nodes, clock, and whether its fabric is gone (machine 0
-        waits a while for the others to say so)."""
-        deadline = time.monotonic() + END_WAIT_S
-        with contextlib.suppress(HostError):
-            while time.monotonic() < deadline:
-                gone = set(control.silent())
-                if all(control.has(f"restored/{m}") for m in range(self.options.machines)
-                       if m not in gone):
-                    break
-                time.sleep(POLL_S)
-        summary: dict[str, dict[str, object]] = {}
-        for m, hello in sorted(control.hellos.items()):
-            entry: dict[str, object] = {"machine_rank": m, "hostname": hello["hostname"],
-                                        "address": hello["address"], "nic": hello["nic"],
-                                        "nodes": list(range(*hello["nodes"]))}
-            for key, field in ((f"built/{m}", "built"), (f"restored/{m}", "restored"),
-                               (f"clock/{m}", "clock")):
-                with contextlib.suppress(HostError):
-                    entry[field] = control.get_json(key) if control.has(key) else None
-            summary[f"machine{m}"] = entry
-        return summary
+        """Per machine: its host, NIC, nodes, what it built, its clock, and whether its fabric
+        is gone (machine 0 waits a while for the others to say so)."""
+        summary = control.summary(END_WAIT_S, lambda m, hello: {
+            "machine_rank": m, "hostname": hello["hostname"], "address": hello["address"],
+            "nic": hello["nic"], "nodes": list(range(*hello["nodes"]))},
+            {"built": "built", "restored": "restored", "clock": "clock"})
+        return {f"machine{m}": entry for m, entry in summary.items()}
 
     # -- the other machines -------------------------------------------------------------------
 
@@ -367,27 +316,14 @@ class MachineAgent:
                          + ", ".join(control.describe(_rank_of(key)) for key in missing))
 
 
-class _MachinesSite(Site):
+class _MachinesSite(_PhasesSite):
     """The nodes live on several machines, one agent each: every launch is a phase that each
-    machine runs for the nodes it holds (MachineAgent._run_phase)."""
+    machine runs for the nodes it holds (MachineAgent._run_phase), meeting at node 0's address
+    on a port of the phase's own. Node 0 is machine 0's (machine_share), so rank 0 writes the
+    results here."""
 
-    def __init__(self, agent: MachineAgent, control: Control, phases: Iterator[int],
-                 options: RunOptions):
-        super().__init__(options)
-        self.agent, self.control, self.phases = agent, control, phases
-
-    def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
-               env: Mapping[str, str] | None = None,
-               watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-        out = self.options.out
-        portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
-        index = next(self.phases)
-        phase = Phase(index, str(Path(out_dir).relative_to(out)), spec.model_dump_json(),
-                      timeout_s, profile, portable, port=PHASE_PORT + index)
-        self.control.set(f"phase/{index}", json.dumps(phase.__dict__))
-        self.agent._run_phase(self.control, phase)
-        # Node 0 is this machine's (machine_share), so rank 0 wrote the results here.
-        return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
+    def port_of(self, index: int) -> int:
+        return PHASE_PORT + index
 
 
 def _watch(control: Control) -> None:
