@@ -27,12 +27,23 @@ Parts:
     table     print the end-to-end documents found in OUT: median / p99 / sd / slow share,
               and the tail's causes (measure.attribution)
 
-Without `--full`, `run` is the small version: 2 and 16 GPUs, fp32 only, near-fixed 50 ms
-stalls at p = 1% only, a small generic model at x20; `--full`: 2, 4, 8, 16 GPUs, both modes,
-every mechanism, ResNet-50 at x40 (hours on a 2-core host; run it under the heavy-work lock):
+`run --preset`:
+
+    small     2 and 16 GPUs, fp32 only, near-fixed 50 ms stalls at p = 1% only, a small generic
+              model at x20 (minutes): the stalls' growth with N, end to end
+    scaled    every mechanism, 2, 4, 8, 16 GPUs, fp32 and amp-fp16: ResNet-50 on 10GbE at a
+              tenth of its time scale - a tenth of its bytes (2.56M parameters in 2.5 MiB
+              buckets: 10.2 MB in four, as ResNet-50's 102 MB fill four of 25 MiB) and of its
+              compute (37.5 / 23.4 ms), stalls of a tenth the size (Pareto from 5 ms), at x20;
+              the network's latency (none on these links) and TCP's clocks are not scaled
+              (about an hour on a 2-core host)
+    resnet50  the same at full scale, ResNet-50 replayed at x40 (`--full`; hours)
+
+Run them under the heavy-work lock:
 
     .venv/bin/python bench/jitter_mechanisms.py model
-    flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --out /tmp/jit
+    flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --preset scaled \
+        --out /tmp/jit
     .venv/bin/python bench/jitter_mechanisms.py table --out /tmp/jit
 """
 
@@ -63,16 +74,31 @@ STALLS = {"probability": 0.01, "distribution": "pareto", "scale": "50ms", "shape
 GPU = {"spread": 0.08, "max": 0.22, "outlier_probability": 0.02, "outlier_slowdown": 0.5}
 
 
-def mechanisms(steps: int) -> dict[str, dict[str, Any]]:
+def mechanisms(steps: int, stalls: dict[str, Any] = STALLS) -> dict[str, dict[str, Any]]:
     """Each mechanism as a [workload.noise] table."""
     episode = [{"at": steps // 2, "steps": max(steps // 4, 1), "node": 1, "slowdown": 0.3}]
     return {
         "light": {"spread": 0.02},
-        "stalls": {"spread": 0.0, "stalls": STALLS},
+        "stalls": {"spread": 0.0, "stalls": stalls},
         "gpu": {"spread": 0.0, "gpu_speed": GPU},
         "episode": {"spread": 0.0, "episode": episode},
-        "mix": {"spread": 0.02, "stalls": STALLS, "gpu_speed": GPU, "episode": episode},
+        "mix": {"spread": 0.02, "stalls": stalls, "gpu_speed": GPU, "episode": episode},
     }
+
+
+# The presets' workloads and dilations (module docstring).
+PRESETS: dict[str, tuple[dict[str, Any], int]] = {
+    # a 4 MB model whose all-reduce is short against 50 ms of compute; x20, at which 16
+    # ranks' probe is trusted on this 2-core host under load (x10 was refused)
+    "small": ({"layout": "generic", "params": "1M", "compute": "50ms",
+               "modes": ["fp32"]}, 20),
+    "scaled": ({"layout": "generic", "params": "2.56M", "bucket_size": "2.5MiB",
+                "compute": "37.5ms", "compute_amp": "23.4ms",
+                "modes": ["fp32", "amp-fp16"]}, 20),
+    "resnet50": ({"layout": "resnet50", "compute": "375ms", "compute_amp": "234ms",
+                  "modes": ["fp32", "amp-fp16"]}, 40),
+}
+SCALED_STALLS = {**STALLS, "scale": "5ms", "max": "200ms"}  # a tenth of STALLS' time scale
 
 
 def part_model(steps: int = 4000, compute_s: float = 0.375) -> None:
@@ -96,25 +122,18 @@ def part_model(steps: int = 4000, compute_s: float = 0.375) -> None:
     console.print(table)
 
 
-def _scenario(mechanism: str, noise: dict[str, Any], gpus: int, *, full: bool,
+def _scenario(mechanism: str, noise: dict[str, Any], gpus: int, *, preset: str,
               iterations: int) -> Scenario:
     nodes, per_node = TOPOLOGIES[gpus]
-    workload: dict[str, Any] = {
-        "iterations": iterations, "warmup": 2, "noise": {**noise, "seed": 1},
-        "modes": ["fp32", "amp-fp16"] if full else ["fp32"]}
-    if full:
-        workload |= {"layout": "resnet50", "compute": "375ms", "compute_amp": "234ms"}
-        dilation = 40
-    else:  # small: a 4 MB model whose all-reduce is short against 50 ms of compute; x20, at
-        # which 16 ranks' probe is trusted on this 2-core host under load (x10 was refused)
-        workload |= {"layout": "generic", "params": "1M", "compute": "50ms"}
-        dilation = 20
+    workload, dilation = PRESETS[preset]
     return Scenario.from_dict({
         "name": f"jitter-{mechanism}-{gpus}gpu",
-        "description": f"{mechanism} noise, {gpus} GPUs on 10GbE (bench/jitter_mechanisms.py)",
+        "description": f"{mechanism} noise, {gpus} GPUs on 10GbE (bench/jitter_mechanisms.py "
+                       f"{preset})",
         "topology": {"nodes": nodes, "ranks_per_node": per_node},
         "link": {"rate": "10gbit"}, "emulation": {"dilation": dilation},
-        "workload": workload})
+        "workload": {**workload, "iterations": iterations, "warmup": 2,
+                     "noise": {**noise, "seed": 1}}})
 
 
 def predicted_sd(scenario: Scenario) -> float:
@@ -137,14 +156,16 @@ def predicted_sd(scenario: Scenario) -> float:
 SMALL_STALLS = {"probability": 0.01, "distribution": "lognormal", "scale": "50ms", "shape": 0.1}
 
 
-def part_run(out: Path, *, full: bool, iterations: int) -> None:
-    chosen = (mechanisms(iterations) if full
-              else {"stalls": {"spread": 0.0, "stalls": SMALL_STALLS}})
-    counts = list(TOPOLOGIES) if full else [2, 16]
+def part_run(out: Path, *, preset: str, iterations: int,
+             only: list[str] | None = None) -> None:
+    chosen = ({"stalls": {"spread": 0.0, "stalls": SMALL_STALLS}} if preset == "small" else
+              mechanisms(iterations, SCALED_STALLS if preset == "scaled" else STALLS))
+    chosen = {name: noise for name, noise in chosen.items() if not only or name in only}
+    counts = [2, 16] if preset == "small" else list(TOPOLOGIES)
     for mechanism, noise in chosen.items():
         reports = []
         for gpus in counts:
-            scenario = _scenario(mechanism, noise, gpus, full=full, iterations=iterations)
+            scenario = _scenario(mechanism, noise, gpus, preset=preset, iterations=iterations)
             started = time.monotonic()
             report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
             console.print(f"{scenario.name}: {report.status} in "
@@ -160,9 +181,9 @@ def part_run(out: Path, *, full: bool, iterations: int) -> None:
 
 def part_attribution(out: Path, iterations: int) -> None:
     stalls = _scenario("stalls-only", {"spread": 0.0, "stalls": {**STALLS, "probability": 0.05}},
-                       2, full=False, iterations=iterations)
+                       2, preset="small", iterations=iterations)
     flaps = Scenario.from_dict({
-        **_scenario("flaps-only", {"spread": 0.02}, 2, full=False,
+        **_scenario("flaps-only", {"spread": 0.02}, 2, preset="small",
                     iterations=iterations).model_dump(mode="json", exclude_none=True),
         "link": {"rate": "10gbit", "schedule": [
             {"at": f"{at}s", "down": "100ms"} for at in (0.5, 1.3, 2.1, 2.9)]}})
@@ -200,8 +221,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=["model", "run", "attribution", "table"])
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--full", action="store_true", help="every mechanism, 2..16 GPUs, "
-                        "fp32 and amp-fp16, ResNet-50 at x40 (hours here)")
+    parser.add_argument("--preset", choices=list(PRESETS), default="small",
+                        help="what `run` runs (the module's docstring)")
+    parser.add_argument("--full", action="store_true", help="--preset resnet50 (hours here)")
+    parser.add_argument("--mechanisms", nargs="+", default=None,
+                        help="run only these (light, stalls, gpu, episode, mix)")
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
     if args.part == "model":
@@ -211,7 +235,8 @@ def main() -> None:
         parser.error(f"{args.part} needs --out")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.part == "run":
-        part_run(args.out, full=args.full, iterations=args.iterations)
+        part_run(args.out, preset="resnet50" if args.full else args.preset,
+                 iterations=args.iterations, only=args.mechanisms)
     if args.part == "attribution":
         part_attribution(args.out, args.iterations)
     part_table(args.out)

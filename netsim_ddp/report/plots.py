@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from netsim_ddp.common.tails import SLOW_THRESHOLD
+from netsim_ddp.common.tails import SLOW_THRESHOLD, percentile
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.document import (
     CalibrationRecord,
@@ -81,15 +81,17 @@ JITTER_SUBTITLE_WIDTH = 150  # characters of 8 pt text across the 12-inch figure
 def plot_jitter_by_gpus(entries: Sequence[ScenarioRecord], path: Path,
                         title: str | None = None) -> Path:
     """How spread and pace change with the GPU count: per run (one per GPU count), each mode's
-    per-iteration standard deviation of collective and iteration time, and the median
-    iteration (the slowest rank sets the pace). Times are the runs' own (a scale model's: the
-    target's)."""
+    per-iteration standard deviation of collective and iteration time, the median iteration
+    (the slowest rank sets the pace) and its p99 (the tail a user feels). Times are the runs'
+    own (a scale model's: the target's)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
     modes = list(dict.fromkeys(mode for entry in entries for mode in entry.modes))
     panels = ((axes[0], "collective_s", statistics.stdev, "collective time sd (ms)"),
               (axes[1], "iteration_s", statistics.stdev, "iteration time sd (ms)"),
-              (axes[2], "iteration_s", statistics.median, "iteration time median (ms)"))
+              (axes[2], "iteration_s", statistics.median, "iteration time median (ms)"),
+              (axes[3], "iteration_s", lambda series: percentile(series, 99),
+               "iteration time p99 (ms)"))
     for ax, key, statistic, label in panels:
         for index, mode in enumerate(modes):
             points = sorted(
