@@ -11,7 +11,8 @@ The evidence, in order:
 - network: otherwise the collective was slow. Its evidence: the TCP loss counters each node's
   local rank 0 read at the step's edges (RankSamples.step_tcp_loss: retransmissions, timeouts,
   loss probes in that node during the step), counter series sampled during the run
-  (CounterSeries) that grew inside the iteration's window, and a link change in force
+  (CounterSeries: the racks' uplink drops, fabric/uplink_sampler.py) that grew inside the
+  iteration's window, and a link change in force
   (link.schedule); without any, 'network' is named by elimination and says so.
 
 No torch here.

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
-from netsim_ddp.measure.attribution import TailAttribution, attribute
+from netsim_ddp.measure.attribution import CounterSeries, TailAttribution, attribute
 from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
 from netsim_ddp.measure.tcp_evidence import tcp_counters
@@ -33,6 +33,7 @@ class ModeReport:
     ranks_per_node: int = 1
     link_states: list[str] | None = None  # per iteration (see netsim_ddp.fabric.schedule)
     noise: NoiseModel | None = None  # the replay's seeded noise: names its stalls in the tail
+    counters: list[CounterSeries] = field(default_factory=list)  # sampled: the tail's evidence
 
     def __post_init__(self) -> None:
         self.iteration = summarize(self.result.iteration_s)
@@ -73,7 +74,8 @@ class ModeReport:
 
     def attribution(self) -> TailAttribution:
         """The slow iterations and their causes (measure.attribution)."""
-        return attribute(self.result, noise=self.noise, link_states=self.link_states)
+        return attribute(self.result, noise=self.noise, counters=self.counters,
+                         link_states=self.link_states)
 
     @property
     def scaling_efficiency(self) -> float | None:

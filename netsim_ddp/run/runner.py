@@ -23,6 +23,7 @@ from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.naming import new_run_id
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
+from netsim_ddp.fabric.uplink_sampler import UplinkSampler
 from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 from netsim_ddp.hostfacts.nccl import (
     NODE_IFNAME,
@@ -31,6 +32,7 @@ from netsim_ddp.hostfacts.nccl import (
     verify_transport,
 )
 from netsim_ddp.hostfacts.placement import place
+from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
@@ -209,7 +211,7 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
                                         ranks_per_node=scenario.topology.ranks_per_node,
-                                        noise=_noise_model(scenario))
+                                        noise=_noise_model(scenario), counters=report.counters)
     script = scenario.workload is not None and scenario.workload.is_script
     host = report.host_scenario or scenario  # what ran on the host's clock
     report.checks.extend(measurement_checks(report.modes, scenario.topology.nodes))
@@ -269,11 +271,18 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
             fabric.run_id, [node.name for node in fabric.nodes]), RunOptions(
                 out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
                 progress=progress))
+        assert fabric.plan is not None  # built
+        sampler = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
         try:
-            return probe_and_train(scenario.model_copy(update={"workload": workload}), site,
-                                   report)
+            with sampler:
+                return probe_and_train(scenario.model_copy(update={"workload": workload}),
+                                       site, report)
         finally:  # read while the switch exists
             report.uplinks = fabric.uplink_counters()
+            report.counters = [CounterSeries(f"uplink {name} drops", None, points)
+                               for name, points in sampler.samples.items() if points]
+            if sampler.error:
+                progress(f"{scenario.name}: uplink drops were sampled until: {sampler.error}")
 
 
 class EmulatedSite(Site):

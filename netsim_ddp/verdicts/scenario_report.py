@@ -11,6 +11,7 @@ from netsim_ddp.fabric.schedule import LinkScheduler
 from netsim_ddp.hostfacts.hostload import CpuLoad
 from netsim_ddp.hostfacts.nccl import TransportEvidence
 from netsim_ddp.hostfacts.placement import Placement
+from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.measure.dilation import notice
 from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content_digest
 from netsim_ddp.measure.mode_report import ModeReport
@@ -48,6 +49,8 @@ class ScenarioReport:
     machines: int = 1  # `netsim-ddp machine`: the machines the fabric was spread over
     target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
     uplinks: dict[str, dict[str, int | None]] = field(default_factory=dict)  # racks, whole run
+    # counters sampled while the ranks ran (the racks' uplink drops): the tail's evidence
+    counters: list[CounterSeries] = field(default_factory=list)
 
     @property
     def compute_source(self) -> str:

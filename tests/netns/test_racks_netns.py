@@ -9,6 +9,8 @@ import pytest
 from netsim_ddp import Scenario
 from netsim_ddp.fabric import Fabric, netns
 from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodputs
+from netsim_ddp.fabric.uplink_sampler import UplinkSampler
+from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.scenario.racks import ring_caps
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
@@ -72,10 +74,22 @@ def test_the_probes_expect_the_rings_uplink_share(measure_until):
 def test_a_shallow_uplink_queue_drops_what_it_cannot_hold():
     with Fabric(racked(queue="32KiB", uplink="100mbit")) as fabric:
         n0, n1, n2, n3 = fabric.nodes
-        measure_goodputs([(n0, n2), (n1, n3)], 1.0)
+        with UplinkSampler(fabric.plan, every_s=0.02) as sampler:
+            started = time.monotonic()
+            measure_goodputs([(n0, n2), (n1, n3)], 1.0)
+            ended = time.monotonic()
         counters = fabric.uplink_counters()
     assert counters["r0 up"]["drops"] > 0  # 800 Mbit/s offered into a 100 Mbit/s, 32 KiB queue
     assert counters["r1 down"]["drops"] == 0  # what left r0's uplink fits r1's at once
+    # Sampled while it ran: the drops grew inside the transfer's window, not before it, and
+    # the series ends at the whole run's count (the attribution's evidence for a slow step).
+    assert sampler.error is None and set(sampler.samples) == {"r0 up", "r0 down", "r1 up",
+                                                              "r1 down"}
+    up = CounterSeries("uplink r0 up drops", None, sampler.samples["r0 up"])
+    assert all(started <= t for t, drops in sampler.samples["r0 up"] if drops > 0)
+    assert up.growth(started, ended + 0.05) > 0
+    assert sampler.samples["r0 up"][-1][1] <= counters["r0 up"]["drops"]
+    assert up.growth(0.0, ended + 1) == sampler.samples["r0 up"][-1][1]
 
 
 def test_a_neighbour_job_sends_its_burst_once_per_step_across_the_uplink():

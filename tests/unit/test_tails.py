@@ -188,3 +188,19 @@ def test_the_tail_table_marks_a_network_share_named_by_elimination() -> None:
     console = Console(width=200, record=True)
     console.print(tail_table(report))
     assert "100%*" in console.export_text()
+
+
+def test_a_mode_report_hands_its_sampled_counters_to_the_attribution() -> None:
+    # The runner samples the racks' uplink drops while the ranks train (fabric.uplink_sampler)
+    # and every mode's report names those inside a slow step's window.
+    from netsim_ddp.measure.mode_report import ModeReport
+
+    noise = NoiseModel(ComputeNoise(spread=0.0, seed=2))
+    result = _result(noise, network_s={4: 0.1}).model_copy(
+        update={"started_monotonic": [100.0 + step for step in range(STEPS)]})
+    drops = CounterSeries("uplink r0 up drops", None, [(100.0, 0), (104.05, 35), (200.0, 35)])
+    (slow,) = ModeReport(result, 1.0, 0.0, 1e9, counters=[drops]).attribution().slow
+    assert (slow.iteration, slow.detail, slow.evidenced) == (
+        4, "collective slow; uplink r0 up drops +35", True)
+    (bare,) = ModeReport(result, 1.0, 0.0, 1e9).attribution().slow
+    assert "by elimination" in bare.detail and not bare.evidenced
