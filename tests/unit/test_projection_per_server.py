@@ -39,6 +39,20 @@ def table(path):
             yield int(tokens[0]), [tuple(map(float, tokens[i:i + 3])) for i in (5, 9)]
 
 
+def rows_agree(path, run):
+    """The printed rows, each agreeing with itself as nccl-tests prints them (GB/s rounded to
+    2 decimals, times to 4 digits) and with the parser's sizes."""
+    rows = list(table(path))
+    assert [size for size, _ in rows] == [row.size for row in run.rows]
+    n = run.world_size
+    for size, timings in rows:
+        for time_us, algbw, busbw in timings:
+            exact = size / time_us / 1e3
+            assert exact == pytest.approx(algbw, rel=3e-3, abs=6e-3)
+            assert exact * 2 * (n - 1) / n == pytest.approx(busbw, rel=3e-3, abs=6e-3)
+    return rows
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_each_file_is_one_whole_run_whose_rows_agree(name):
     path = SCALES / f"{name}.txt"
@@ -47,16 +61,8 @@ def test_each_file_is_one_whole_run_whose_rows_agree(name):
     assert run.collective == "all_reduce" and run.complete
     assert (run.world_size, len(run.hosts), run.gpus_per_host, run.n_gpus) == (2 * g, 2, g, g)
     assert all("H100" in rank.device_name for rank in run.ranks)
-    rows = list(table(path))
-    assert [size for size, _ in rows] == [row.size for row in run.rows]
+    rows = rows_agree(path, run)
     assert rows[0][0] == 8 and rows[-1][0] >= 8 * 2**30  # 8 B .. 8 or 16 GiB, every 2x
-    n = 2 * g
-    for size, timings in rows:
-        for time_us, algbw, busbw in timings:
-            # As nccl-tests prints them: GB/s rounded to 2 decimals, times to 4 digits.
-            exact = size / time_us / 1e3
-            assert exact == pytest.approx(algbw, rel=3e-3, abs=6e-3)
-            assert exact * 2 * (n - 1) / n == pytest.approx(busbw, rel=3e-3, abs=6e-3)
     (calibration,) = load([path])
     assert calibration.hosts == 2 and calibration.gpus_per_host == g
 
@@ -89,14 +95,7 @@ def test_the_ten_server_series_parses_whole_and_its_rows_agree(name):
     (run,) = parse_file(path)
     assert run.collective == "all_reduce" and run.complete
     assert (run.world_size, len(run.hosts), run.gpus_per_host) == (10 * g, 10, g)
-    rows = list(table(path))
-    assert [size for size, _ in rows] == [row.size for row in run.rows]
+    rows = rows_agree(path, run)
     assert rows[0][0] == 32 * MIB and rows[-1][0] == 16 * 2**30
-    n = 10 * g
-    for size, timings in rows:
-        for time_us, algbw, busbw in timings:
-            exact = size / time_us / 1e3
-            assert exact == pytest.approx(algbw, rel=3e-3, abs=6e-3)
-            assert exact * 2 * (n - 1) / n == pytest.approx(busbw, rel=3e-3, abs=6e-3)
     assert [r[1] for r in BENCHED.MORE_ROWS if r[0] == name] == (
         [f"xxrjun-cluster01-h100-10x{2 * g}"] if g < 8 else [])
