@@ -183,6 +183,23 @@ def _print_report(human: Console, report) -> None:
         human.print(f"  [yellow]{escape(warning)}[/]")
 
 
+def _agent_wait_options(member: str):
+    """`host` and `machine`: how long an agent waits for the others (`member`: what each is)."""
+
+    def decorate(command):
+        command = click.option(
+            "--heartbeat-timeout", "heartbeat_timeout_s", type=FiniteFloat(positive=True),
+            default=HEARTBEAT_TIMEOUT_S, show_default=True,
+            help=f"Seconds a {member} may stay silent before the run ends naming it as gone.",
+        )(command)
+        return click.option(
+            "--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
+            default=JOIN_TIMEOUT_S, show_default=True,
+            help=f"Seconds to wait for every {member} to arrive.")(command)
+
+    return decorate
+
+
 @main.command()
 @click.argument("file")
 @click.option("--node-rank", type=click.IntRange(min=0), required=True,
@@ -195,12 +212,7 @@ def _print_report(human: Console, report) -> None:
 @click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
 @_session_options("json", "out", "iterations")
 @_timeout_option
-@click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
-              default=JOIN_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for every host to arrive.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=FiniteFloat(positive=True),
-              default=HEARTBEAT_TIMEOUT_S, show_default=True,
-              help="Seconds a host may stay silent before the run ends naming it as gone.")
+@_agent_wait_options("host")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
 @_session_options("allow-untrusted")
 @_gate_options
@@ -264,12 +276,7 @@ def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: flo
               "underlay (MTU at least link.mtu + 50; nothing on it is changed).")
 @_session_options("json", "out", "iterations")
 @_timeout_option
-@click.option("--join-timeout", "join_timeout_s", type=FiniteFloat(positive=True),
-              default=JOIN_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for every machine to arrive.")
-@click.option("--heartbeat-timeout", "heartbeat_timeout_s", type=FiniteFloat(positive=True),
-              default=HEARTBEAT_TIMEOUT_S, show_default=True,
-              help="Seconds a machine may stay silent before the run ends naming it as gone.")
+@_agent_wait_options("machine")
 @_session_options("allow-untrusted")
 @_gate_options
 def machine(file: str, machine_rank: int, machines: int, master_addr: str, master_port: int,

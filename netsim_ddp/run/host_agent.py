@@ -77,12 +77,18 @@ from netsim_ddp.run.host_options import (  # names handed on: `host` imports the
     host_placement,
     validate,
 )
-from netsim_ddp.run.host_site import OUT_MARK, Phase, _HostsSite
+from netsim_ddp.run.host_site import (
+    OUT_MARK,
+    Phase,
+    _HostsSite,
+    follow_phases,
+    lead_phases,
+)
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload import RankSpec, WorkloadError
+from netsim_ddp.workload import RankSpec
 from netsim_ddp.workload.launcher.launch import (
     agent_module,
     c10d_rendezvous,
@@ -232,12 +238,8 @@ class HostAgent:
 
     def _lead(self, control: Control) -> ScenarioReport:
         options = self.options
-        workload = options.scenario.workload
-        assert workload is not None  # validated
-        if options.iterations is not None:
-            workload = workload.model_copy(update={"iterations": options.iterations})
         assert self.placement is not None
-        workload = workload.model_copy(update={"backend": self.placement.backend})
+        workload = options.workload(self.placement.backend)
         report = ScenarioReport(options.scenario, run_id=self.job, placement=self.placement)
         phases = iter(range(1_000_000))
 
@@ -246,16 +248,14 @@ class HostAgent:
             timeout_s=options.timeout_s, progress=self.progress))
         site.transport_ifname = ",".join(sorted({hello["nic"]
                                                  for hello in control.hellos.values()}))
-        try:
+
+        def train() -> None:
             trained = probe_and_train(
                 options.scenario.model_copy(update={"workload": workload}), site, report)
             if trained is not None:
                 finish_report(report, *trained)
-        except WorkloadError as exc:
-            report.error = str(exc)
-            control.abort(report.error)
-        control.set(f"phase/{next(phases)}", json.dumps({"done": report.status}))
-        return report
+
+        return lead_phases(control, phases, report, train)
 
     def _hosts_summary(self, control: Control) -> dict[str, dict[str, object]]:
         """Per node: its host, NIC, the shaping read back from its kernel, and whether its
@@ -268,16 +268,13 @@ class HostAgent:
     # -- other nodes --------------------------------------------------------------------------
 
     def _follow(self, control: Control) -> str:
-        for index in range(1_000_000):
-            control.wait_for([f"phase/{index}"], None, lambda _: "")
-            message = control.get_json(f"phase/{index}")
-            if "done" in message:
-                return str(message["done"])
+        def handle(index: int, message: dict[str, Any]) -> None:
             if "background" in message:
                 self._background_phase(control, index, message)
             else:
                 self._run_phase(control, Phase(**message))
-        raise AssertionError("unreachable")
+
+        return follow_phases(control, handle)
 
     # -- background flows: this host's ends ----------------------------------------------------
 
@@ -373,8 +370,7 @@ class HostAgent:
                                  stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 while (code := process.poll()) is None:
-                    control.raise_if_aborted()
-                    control.check_heartbeats()
+                    control.check()
                     if self.traffic is not None:
                         self.traffic.check()  # a dead flow here ends the run, named
                     if time.monotonic() > deadline:

@@ -179,6 +179,11 @@ class Control:
             self.abort(reason)
             raise HostError(reason)
 
+    def check(self) -> None:
+        """Raise if another member aborted the job or went silent (naming it)."""
+        self.raise_if_aborted()
+        self.check_heartbeats()
+
     def wait_for(self, keys: list[str], timeout_s: float | None, what: Callable[[list[str]], str],
                  watch: bool = True) -> None:
         """Until every key exists; watching for an abort and for silent hosts meanwhile."""
@@ -188,8 +193,7 @@ class Control:
             if not missing:
                 return
             if watch:
-                self.raise_if_aborted()
-                self.check_heartbeats()
+                self.check()
             if deadline is not None and time.monotonic() > deadline:
                 raise HostError(what(missing))
             time.sleep(POLL_S)

@@ -13,6 +13,7 @@ from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
 from netsim_ddp.hostfacts.gpus import GpuInventory
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload import WorkloadError
 
 
@@ -49,6 +50,15 @@ class AgentOptions:
     def members(self) -> int:
         """How many agents the job has (hosts, or machines)."""
         raise NotImplementedError
+
+    def workload(self, backend: str) -> WorkloadConfig:
+        """The scenario's workload as the ranks run it: --iterations, and the backend every
+        agent resolved."""
+        workload = self.scenario.workload
+        assert workload is not None  # validated before any agent waits
+        if self.iterations is not None:
+            workload = workload.model_copy(update={"iterations": self.iterations})
+        return workload.model_copy(update={"backend": backend})
 
     def digest(self) -> str:
         """What every agent must agree on: the scenario and the options that change the run."""

@@ -19,7 +19,8 @@ from netsim_ddp.fabric.background import (
 from netsim_ddp.run.host_control import Control, _rank_of
 from netsim_ddp.run.host_options import HostOptions
 from netsim_ddp.run.site import RunOptions, Site
-from netsim_ddp.workload import ModeResult, RankSpec
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
+from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import read_results
 
 OUT_MARK = "{out}"  # stands for each agent's own --out in a phase's environment
@@ -142,3 +143,31 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         if errors:
             raise BackgroundError("; ".join(errors))
         return assemble(ends)
+
+
+# -- the phases, from both sides ----------------------------------------------------------------
+
+def lead_phases(control: Control, phases: Iterator[int], report: ScenarioReport,
+                train: Callable[[], None]) -> ScenarioReport:
+    """Member 0: `train` (the probe and every mode, each launch a phase the site posts); a
+    workload failure becomes the report's error and every agent's abort. The last phase tells
+    the others the verdict."""
+    try:
+        train()
+    except WorkloadError as exc:
+        report.error = str(exc)
+        control.abort(report.error)
+    control.set(f"phase/{next(phases)}", json.dumps({"done": report.status}))
+    return report
+
+
+def follow_phases(control: Control, handle: Callable[[int, dict[str, Any]], None]) -> str:
+    """The other members: `handle(index, message)` each phase member 0 posts, in order, until
+    the last one; returns the job's status as member 0 published it."""
+    for index in range(1_000_000):
+        control.wait_for([f"phase/{index}"], None, lambda _: "")
+        message = control.get_json(f"phase/{index}")
+        if "done" in message:
+            return str(message["done"])
+        handle(index, message)
+    raise AssertionError("unreachable")

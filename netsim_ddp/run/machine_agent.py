@@ -47,7 +47,7 @@ from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.run.host_agent import _reason
 from netsim_ddp.run.host_control import POLL_S, Control, _rank_of
 from netsim_ddp.run.host_options import AgentOptions, HostConfigError, HostError
-from netsim_ddp.run.host_site import OUT_MARK, Phase, _PhasesSite
+from netsim_ddp.run.host_site import OUT_MARK, Phase, _PhasesSite, follow_phases, lead_phases
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.dilation import dilated
@@ -227,11 +227,8 @@ class MachineAgent:
 
     def _lead(self, control: Control, host: Scenario, k: float) -> ScenarioReport:
         options, scenario = self.options, self.options.scenario
-        workload = scenario.workload
-        assert workload is not None and self.placement is not None  # validated
-        if options.iterations is not None:
-            workload = workload.model_copy(update={"iterations": options.iterations})
-        workload = workload.model_copy(update={"backend": self.placement.backend})
+        assert self.placement is not None  # validated
+        workload = options.workload(self.placement.backend)
         report = ScenarioReport(scenario, run_id=self.job, out_dir=options.out_dir,
                                 placement=self.placement,
                                 host_scenario=host if k != 1 else None, dilation=k,
@@ -243,18 +240,16 @@ class MachineAgent:
         site = _MachinesSite(self, control, phases, RunOptions(
             options.out_dir, allow_untrusted=options.allow_untrusted,
             timeout_s=options.timeout_s, progress=self.progress))
-        try:
+
+        def train() -> None:
             trained = probe_and_train(host.model_copy(update={"workload": workload}), site,
                                       report)
             if trained is not None:
                 results, background = trained
                 finish_report(report, {mode: to_target_time(result, k)
                                        for mode, result in results.items()}, background)
-        except WorkloadError as exc:
-            report.error = str(exc)
-            control.abort(report.error)
-        control.set(f"phase/{next(phases)}", json.dumps({"done": report.status}))
-        return report
+
+        return lead_phases(control, phases, report, train)
 
     def _machines_summary(self, control: Control) -> dict[str, dict[str, object]]:
         """Per machine: its host, NIC, nodes, what it built, its clock, and whether its fabric
@@ -268,13 +263,8 @@ class MachineAgent:
     # -- the other machines -------------------------------------------------------------------
 
     def _follow(self, control: Control) -> str:
-        for index in range(1_000_000):
-            control.wait_for([f"phase/{index}"], None, lambda _: "")
-            message = control.get_json(f"phase/{index}")
-            if "done" in message:
-                return str(message["done"])
-            self._run_phase(control, Phase(**message))
-        raise AssertionError("unreachable")
+        return follow_phases(control, lambda _, message: self._run_phase(control,
+                                                                          Phase(**message)))
 
     # -- one phase: a torchrun per node this machine holds ------------------------------------
 
@@ -301,7 +291,7 @@ class MachineAgent:
         env = rank_env("eth0", {**local, CLOCK_OFFSET_ENV: repr(self.clock_offset)})
         try:
             run_nodes(fabric.nodes, argvs, logs, env, phase.timeout_s,
-                      watchdog=_throttled(lambda: _watch(control)),
+                      watchdog=_throttled(control.check),
                       node_env=self.placement.node_env(self.job, [n.name for n in fabric.nodes]),
                       node_ranks=[node.index for node in fabric.nodes])
         except HostError:
@@ -324,11 +314,6 @@ class _MachinesSite(_PhasesSite):
 
     def port_of(self, index: int) -> int:
         return PHASE_PORT + index
-
-
-def _watch(control: Control) -> None:
-    control.raise_if_aborted()
-    control.check_heartbeats()
 
 
 def _throttled(check: Callable[[], None], every_s: float = POLL_S) -> Callable[[], None]:
