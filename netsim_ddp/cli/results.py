@@ -215,6 +215,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         document = held_out_document(calibration)
         documents.append(document)
         human.print(calibration_table(calibration.label, document))
+        for note in calibration.dropped:
+            human.print(f"[yellow]{escape(note)}[/]")
         for line_text in regime_lines(calibration):
             human.print(line_text)
         line = document["alpha_beta_line"]

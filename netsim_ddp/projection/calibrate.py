@@ -136,6 +136,7 @@ class Calibration:
     devices: list[str]
     sources: list[str]
     curve: Curve
+    dropped: list[str] = field(default_factory=list)  # rows left out, and why (`screen`)
 
     @property
     def label(self) -> str:
@@ -167,7 +168,7 @@ class Calibration:
         return {
             "collective": self.collective, "world_size": self.world_size, "hosts": self.hosts,
             "gpus_per_host": self.gpus_per_host, "devices": self.devices,
-            "sources": self.sources,
+            "sources": self.sources, "dropped": self.dropped,
             "method": ("NCCL-shaped regimes (one latency + bandwidth line per algorithm/protocol "
                        "NCCL ran, the faster at a switch), isotonic first, the top regime's "
                        "line above the largest size"),
@@ -240,9 +241,15 @@ def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
     out = []
     for (collective, world, hosts), group in groups.items():
         by_size: dict[int, list[float]] = {}
+        dropped = []
         for run in group:
             for row in run.rows:
-                if row.size > 0:
+                if row.wrong:
+                    where = f"{run.source}:{row.line}" if row.line else run.source
+                    dropped.append(f"{where}: {_size(row.size)} left out: "
+                                   f"#wrong {row.wrong} (nccl-tests' check failed: a broken "
+                                   "all-reduce's time is not its cost; rerun to measure it)")
+                elif row.size > 0:
                     by_size.setdefault(row.size, []).append(row.time_s)
         if any(t <= 0 for times in by_size.values() for t in times):
             raise CalibrationError(f"{group[0].where}: a time of 0 us: the clock resolution "
@@ -255,7 +262,7 @@ def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
             raise CalibrationError(f"{group[0].where}: {exc}") from None
         devices = sorted({rank.device_name for run in group for rank in run.ranks})
         out.append(Calibration(collective, world, hosts, group[0].gpus_per_host, devices,
-                               list(dict.fromkeys(run.where for run in group)), curve))
+                               list(dict.fromkeys(run.where for run in group)), curve, dropped))
     return out
 
 

@@ -73,6 +73,10 @@ class Row:
     out_of_place_us: float | None
     in_place_us: float | None
     busbw_gbs: float | None  # as printed, in-place where there is one
+    # nccl-tests' check of the result `time_s` comes from: values that were wrong (None where
+    # the output has no `#wrong` column, as old versions' `error` column)
+    wrong: int | None = None
+    line: int = field(default=0, compare=False)  # in its file, 1-based (0: JSON)
 
     @property
     def time_s(self) -> float:
@@ -199,12 +203,18 @@ def parse_json(document: dict, source: str) -> list[NcclTestRun]:
                 int(result["size"]), int(result["count"]), str(result["type"]),
                 result.get("redop"), int(str(result.get("root", "-1")).strip()),
                 _json_time(out), _json_time(inplace),
-                (inplace or out or {}).get("bus_bw")))
+                (inplace or out or {}).get("bus_bw"), _json_wrong(out, inplace)))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise NcclParseError(f"{source}: not nccl-tests JSON output (missing or bad {exc})") \
             from None
     check_run(run)
     return [run]
+
+
+def _json_wrong(out: dict | None, inplace: dict | None) -> int | None:
+    used = inplace if _json_time(inplace) is not None else out
+    value = (used or {}).get("nwrong")
+    return None if value is None else int(value)
 
 
 def parse_file(path: str | Path) -> list[NcclTestRun]:
@@ -265,14 +275,21 @@ def _row(tokens: list[str], columns: list[str], source: str, number: int) -> Row
         root = int(named["root"]) if "root" in named else None
         values = [_number(tokens[i]) if i < len(tokens) else None for i in times[:2]]
         busbw = [_number(tokens[i + 2]) if i + 2 < len(tokens) else None for i in times[:2]]
+        wrong = [_count(tokens[i + 3]) if i + 3 < len(tokens) and i + 3 < len(columns)
+                 and columns[i + 3] == "#wrong" else None for i in times[:2]]
     except (KeyError, ValueError) as exc:
         raise NcclParseError(f"{source}:{number}: cannot read this result row ({exc})") from None
     out_of_place = values[0]
     in_place = values[1] if len(values) > 1 else None
     if out_of_place is None and in_place is None:
         raise NcclParseError(f"{source}:{number}: a result row without a time")
+    used = -1 if in_place is not None else 0
     return Row(size, count, named.get("type", "?"), named.get("redop"), root, out_of_place,
-               in_place, busbw[-1] if busbw[-1] is not None else busbw[0])
+               in_place, busbw[-1] if busbw[-1] is not None else busbw[0], wrong[used], number)
+
+
+def _count(token: str) -> int | None:
+    return None if token.upper() == "N/A" else int(token)
 
 
 def _number(token: str) -> float | None:

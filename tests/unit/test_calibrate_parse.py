@@ -86,13 +86,14 @@ def test_nccl_tests_json_reads_like_the_text():
                      "out_of_place": {"time": row.out_of_place_us, "alg_bw": 0, "bus_bw": 0,
                                       "nwrong": 0},
                      "in_place": {"time": row.in_place_us, "alg_bw": 0,
-                                  "bus_bw": row.busbw_gbs, "nwrong": 0}}
+                                  "bus_bw": row.busbw_gbs, "nwrong": 3 * (row.size == 8)}}
                     for row in text_run.rows],
         "average_bus_bandwidth": {"bandwidth": 70.7, "okay": "unchecked"},
     }
     (run,) = parse_json(json.loads(json.dumps(document)), "x.json")
     assert run.collective == "all_reduce" and run.world_size == 16
     assert [r.time_s for r in run.rows] == [r.time_s for r in text_run.rows]
+    assert [r.wrong for r in run.rows][:2] == [3, 0]  # the in-place check's count
     with pytest.raises(NcclParseError, match="not nccl-tests JSON"):
         parse_json({"config": {}}, "bad.json")
 
@@ -164,3 +165,25 @@ def test_runs_of_the_same_kind_merge(tmp_path):
     (calibration,) = load([twice])
     assert len(calibration.sources) == 2 and calibration.world_size == 16
     assert calibration.curve.measured_s[-1] == pytest.approx((47743 + 49743) / 2 * 1e-6)
+
+
+def test_a_row_whose_check_failed_is_left_out_of_the_calibration_and_named(tmp_path):
+    from netsim_ddp.projection.calibrate import load
+
+    # nccl-tests counts wrong values per time; the in-place one is the time DDP's is.
+    text = A3MEGA.read_text().replace("99.06      0", "99.06     17")  # 64 MiB, in place
+    broken = tmp_path / "broken.txt"
+    broken.write_text(text)
+    row = next(r for r in parse_file(broken)[0].rows if r.size == 2**26)
+    assert (row.wrong, row.line) == (17, 55)
+    (calibration,) = load([broken])
+    assert 2**26 not in calibration.curve.sizes and 2**27 in calibration.curve.sizes
+    assert calibration.dropped == [
+        f"{broken}:55: 64MiB left out: #wrong 17 (nccl-tests' check failed: a broken "
+        "all-reduce's time is not its cost; rerun to measure it)"]
+    # A failed out-of-place check does not touch the in-place time a calibration uses.
+    oop = tmp_path / "oop.txt"
+    oop.write_text(A3MEGA.read_text().replace("99.74      0", "99.74      5"))
+    assert load([oop])[0].dropped == [] and load([A3MEGA])[0].dropped == []
+    result = CliRunner().invoke(main, ["calibrate", str(broken)])
+    assert result.exit_code == 0 and "64MiB left out: #wrong 17" in result.output
