@@ -275,9 +275,11 @@ class NetworkLevel:
         plateau = self.calibration.busbw_bytes_per_s
         at_reference = curve(self.reference_size)
         # Never below the smallest size's time: a bulk protocol's latency is no less than the
-        # smallest message's (on a slow link, 1 MiB's time is all bytes and hides it).
+        # smallest message's (on a slow link, 1 MiB's time is all bytes and hides it). A run
+        # that starts at the reference size (-b 32M) has no small message to bound it by.
+        smallest = float(curve.smoothed_s[0]) if curve.sizes[0] < self.reference_size else 0.0
         self.latency_ref_s = min(at_reference, max(
-            float(curve.smoothed_s[0]), at_reference - bus_factor(
+            smallest, at_reference - bus_factor(
                 "all_reduce", self.calibration.world_size) * self.reference_size / plateau))
 
     @property

@@ -234,3 +234,16 @@ def test_calibrate_says_what_a_projection_does_with_each_run():
     done = CliRunner().invoke(main, ["calibrate", str(ONE_SERVER)])
     assert done.exit_code == 0, done.output
     assert done.output.count("NVLink level inside a server of 2 GPUs") == 3
+
+
+@pytest.mark.parametrize("smallest", [8, 32 * MIB])
+def test_the_networks_latency_is_the_reference_sizes_time_less_its_bytes(smallest):
+    # t = 300 us + S / 10 GB/s on 16 GPUs: the ring's latency is 300 us, whether the run
+    # started at 8 B or at 32 MiB (-b 32M: the smallest size's time is mostly its bytes, so it
+    # bounds nothing; it once stood in for the latency and made 10 ring steps cost 1.2 ms).
+    sizes = SIZES[SIZES >= smallest]
+    curve = Curve(sizes, 300e-6 + sizes / 10e9)
+    network = Calibration("all_reduce", 16, 2, 8, ["synthetic"], ["synthetic"], curve)
+    level = build(network, []).level
+    assert level.reference_size == max(MIB, smallest)
+    assert level.latency_ref_s == pytest.approx(300e-6, rel=0.02)
