@@ -176,7 +176,7 @@ def check(row: Row, from_bytes: int) -> Row:
     if target.world_size <= cluster.network.world_size:
         sys.exit(f"{row.target}: {target.world_size} GPUs, not more than the calibration's "
                  f"{cluster.network.world_size}: nothing to project")
-    for size, measured in zip(target.curve.sizes, target.curve.measured_s, strict=True):
+    for size, measured in zip(*target.measured_points(), strict=True):
         if size < from_bytes:
             continue
         projected = allreduce_time(cluster, target.world_size, float(size))
@@ -225,6 +225,7 @@ class Within(HeldOutErrors):
     sizes: list[int]
     errors: list[float]
     held: bool  # held to WITHIN (the H100 file), else reported only
+    left_out: list[int] = field(default_factory=list)  # failed checks and inversions, >= 1 MiB
 
     @property
     def passed(self) -> bool:
@@ -234,20 +235,22 @@ class Within(HeldOutErrors):
 def within(path: Path, held: bool) -> Within:
     calibration = all_reduce(path)
     rows = [r for r in calibration.table() if r["size"] >= MIB and r["held_out_error"] is not None]
-    return Within(path, [r["size"] for r in rows], [r["held_out_error"] for r in rows], held)
+    return Within(path, [r["size"] for r in rows], [r["held_out_error"] for r in rows], held,
+                  sorted({row.size for row in calibration.left_out if row.size >= MIB}))
 
 
 def print_within(found: list[Within]) -> None:
     print("Held out within each file: each size from 1 MiB up predicted by NCCL's cost model "
           "fitted on the file's other sizes\n")
     width = max(len(name(w.path)) for w in found) + 2
-    print(f"{'file':<{width}}{'worst':>9}{'at':>9}{'median':>9}  verdict")
+    print(f"{'file':<{width}}{'worst':>9}{'at':>9}{'median':>9}  {'verdict':<14}left out of "
+          "the fit (failed check or slower than a larger size)")
     for w in found:
         at = w.sizes[w.errors.index(w.worst)]
         verdict = (("ok" if w.passed else "MISSED") + f" (<= {WITHIN:.0%})" if w.held
                    else "reported")
         print(f"{name(w.path):<{width}}{w.worst:>+9.1%}{format_size(at):>9}{w.median:>9.1%}  "
-              f"{verdict}")
+              f"{verdict:<14}{' '.join(format_size(s) for s in w.left_out) or '-'}")
     print()
 
 

@@ -10,6 +10,14 @@ measured sizes cannot know where NCCL switches. So the curve is NCCL's own shape
 and a bandwidth (a line in time against size), split where the measurements say; between two
 regimes the faster one, as NCCL's tuner picks. Around it:
 
+- rows the fit leaves out, each named with its file and line (`Calibration.left_out`; `calibrate`
+  prints them, projections carry them in their notes): a row whose nccl-tests check failed
+  (`#wrong` > 0 on the time used: a broken all-reduce's time is not its cost), and a size slower
+  than a larger size by more than `INVERSION` (25%, far above nccl-tests' ~2% run-to-run
+  spread): not what its bytes cost but a slow path NCCL's tuner or the network plugin took at
+  that size (CSCS Alps: 1 MiB at 7x the time of 2 MiB). Left in, the isotonic step below would
+  spread it over its neighbours and make both wrong. An inverted size's measured time is kept
+  (`measured_points`) for comparing projections with what was measured.
 - the times are first made non-decreasing in size (an isotonic regression,
   scipy.optimize.isotonic_regression): a larger message never takes less time, and noise at
   the latency floor must not make the curve dip.
@@ -47,6 +55,9 @@ ERROR_FROM_BYTES = MIB  # the 10% promise holds from 1 MiB up; smaller sizes are
 # servers moves 2(h-1)/h x S through each server's NICs (S on 2 servers, where a ring moves
 # 2(n-1)/n x S), at 0.7 of the rate a ring gets from them: algbw = 0.7 x h/(2(h-1)) x busbw.
 TREE_EFFICIENCY = 0.7
+# A size slower than some larger size by more than this (nccl-tests' run-to-run noise is ~2%)
+# is not what its bytes cost: NCCL's tuner or the network plugin took a slow path there.
+INVERSION = 0.25
 # What a one-server run can calibrate: the NVLink phases of a hierarchical all-reduce.
 CALIBRATABLE_INTRA = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -125,6 +136,16 @@ def alpha_beta_line(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]
     return float(alpha), float(1 / inverse_bandwidth) if inverse_bandwidth > 0 else math.inf
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A row the fit leaves out: its size, its time (None where nccl-tests' check failed: not
+    a cost at all) and why, in words."""
+
+    size: int
+    time_s: float | None
+    note: str
+
+
 @dataclass
 class Calibration:
     """One collective at one world size, from one or more nccl-tests runs."""
@@ -136,7 +157,20 @@ class Calibration:
     devices: list[str]
     sources: list[str]
     curve: Curve
-    dropped: list[str] = field(default_factory=list)  # rows left out, and why (`screen`)
+    left_out: list[LeftOut] = field(default_factory=list)  # rows the fit does not use
+
+    @property
+    def dropped(self) -> list[str]:
+        return [row.note for row in self.left_out]
+
+    def measured_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sizes, times) of every row whose check passed, fitted or inverted: what a
+        projection is compared with."""
+        kept = [row for row in self.left_out if row.time_s is not None]
+        sizes = np.append(self.curve.sizes, [row.size for row in kept])
+        times = np.append(self.curve.measured_s, [row.time_s for row in kept])
+        order = np.argsort(sizes)
+        return sizes[order], times[order]
 
     @property
     def label(self) -> str:
@@ -168,7 +202,9 @@ class Calibration:
         return {
             "collective": self.collective, "world_size": self.world_size, "hosts": self.hosts,
             "gpus_per_host": self.gpus_per_host, "devices": self.devices,
-            "sources": self.sources, "dropped": self.dropped,
+            "sources": self.sources,
+            "left_out": [{"size": row.size, "time_s": row.time_s, "note": row.note}
+                         for row in self.left_out],
             "method": ("NCCL-shaped regimes (one latency + bandwidth line per algorithm/protocol "
                        "NCCL ran, the faster at a switch), isotonic first, the top regime's "
                        "line above the largest size"),
@@ -241,14 +277,16 @@ def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
     out = []
     for (collective, world, hosts), group in groups.items():
         by_size: dict[int, list[float]] = {}
-        dropped = []
+        left_out = []
+        where: dict[int, str] = {}  # each size's first row, for naming it
         for run in group:
             for row in run.rows:
+                where.setdefault(row.size, f"{run.source}:{row.line}" if row.line else run.source)
                 if row.wrong:
-                    where = f"{run.source}:{row.line}" if row.line else run.source
-                    dropped.append(f"{where}: {_size(row.size)} left out: "
-                                   f"#wrong {row.wrong} (nccl-tests' check failed: a broken "
-                                   "all-reduce's time is not its cost; rerun to measure it)")
+                    left_out.append(LeftOut(row.size, None, (
+                        f"{where[row.size]}: {_size(row.size)} left out: #wrong {row.wrong} "
+                        "(nccl-tests' check failed: a broken all-reduce's time is not its cost; "
+                        "rerun to measure it)")))
                 elif row.size > 0:
                     by_size.setdefault(row.size, []).append(row.time_s)
         if any(t <= 0 for times in by_size.values() for t in times):
@@ -256,14 +294,33 @@ def calibrations(runs: Iterable[NcclTestRun]) -> list[Calibration]:
                                    "hides these sizes; drop them or rerun")
         sizes = np.array(sorted(by_size), dtype=float)
         times = np.array([float(np.median(by_size[int(s)])) for s in sizes])
+        slow = inverted(times)
+        left_out += [LeftOut(int(sizes[i]), float(times[i]),
+                             _inversion_note(where[int(sizes[i])], sizes, times, int(i)))
+                     for i in np.flatnonzero(slow)]
         try:
-            curve = Curve(sizes, times)
+            curve = Curve(sizes[~slow], times[~slow])
         except CalibrationError as exc:
             raise CalibrationError(f"{group[0].where}: {exc}") from None
         devices = sorted({rank.device_name for run in group for rank in run.ranks})
         out.append(Calibration(collective, world, hosts, group[0].gpus_per_host, devices,
-                               list(dict.fromkeys(run.where for run in group)), curve, dropped))
+                               list(dict.fromkeys(run.where for run in group)), curve, left_out))
     return out
+
+
+def inverted(times: np.ndarray) -> np.ndarray:
+    """Which of the times (sizes ascending) exceed (1 + INVERSION) x a larger size's time."""
+    later = np.append(np.minimum.accumulate(times[::-1])[::-1][1:], np.inf)
+    return np.asarray(times > (1 + INVERSION) * later)
+
+
+def _inversion_note(where: str, sizes: np.ndarray, times: np.ndarray, i: int) -> str:
+    j = i + 1 + int(np.argmin(times[i + 1:]))
+    return (f"{where}: {_size(int(sizes[i]))} left out of the fit: {times[i] * 1e6:.0f} us, "
+            f"{times[i] / times[j]:.1f}x the time of {_size(int(sizes[j]))}, so not what its "
+            "bytes cost (NCCL's tuner or the network plugin took a slow path at this size). On "
+            "this cluster a bucket of this size costs what was measured: keep DDP's buckets off "
+            "it (bucket_cap_mb), or re-measure with NCCL_PROTO/NCCL_ALGO set")
 
 
 def projection_use(calibration: Calibration, calibratable: Sequence[str]) -> str:

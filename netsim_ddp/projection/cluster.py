@@ -371,7 +371,7 @@ class Cluster:
             else:
                 lines.append(f"NVLink inside a server: {nv.busbw_bytes_per_s / 1e9:.0f} GB/s bus "
                              f"bandwidth, {nv.latency_s * 1e6:.1f} us per phase ({nv.source})")
-        return [*self.check.flags, *lines, *self.check.notes, *self.notes]
+        return [*self.check.flags, *lines, *self.check.notes, *self.network.dropped, *self.notes]
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpus_per_server": self.gpus_per_server, "gpus_source": self.gpus_source,

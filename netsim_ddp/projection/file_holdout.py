@@ -71,7 +71,7 @@ def leave_one_file_out(calibrations: Sequence[Calibration], *, nics_per_server: 
                         nics_per_server=nics_per_server, nic_bandwidth_bps=nic_bandwidth_bps,
                         where="--calibration")
         held = FileHoldout(network, target, flags=cluster.flags)
-        for size, measured in zip(target.curve.sizes, target.curve.measured_s, strict=True):
+        for size, measured in zip(*target.measured_points(), strict=True):
             if size < from_bytes:
                 continue
             projected = allreduce_time(cluster, target.world_size, float(size))

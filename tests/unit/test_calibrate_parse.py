@@ -5,6 +5,7 @@ whole run."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -187,3 +188,25 @@ def test_a_row_whose_check_failed_is_left_out_of_the_calibration_and_named(tmp_p
     assert load([oop])[0].dropped == [] and load([A3MEGA])[0].dropped == []
     result = CliRunner().invoke(main, ["calibrate", str(broken)])
     assert result.exit_code == 0 and "64MiB left out: #wrong 17" in result.output
+
+
+def test_a_size_slower_than_a_larger_one_is_left_out_of_the_fit_and_named(tmp_path):
+    from netsim_ddp.projection.calibrate import inverted, load
+
+    times = np.array([10.0, 12.0, 40.0, 14.0, 30.0, 33.0])  # 40 > 1.25 x 14; 12 < 1.25 x 14
+    assert inverted(times).tolist() == [False, False, True, False, False, False]
+    # 2 MiB in place at 1780 us, 5x the 4 MiB time (356.6 us): a protocol's slow path.
+    bumped = tmp_path / "bumped.txt"
+    bumped.write_text(A3MEGA.read_text().replace("   252.9    8.29", "  1780.0    1.18"))
+    (calibration,) = load([bumped])
+    (left,) = calibration.left_out
+    assert (left.size, left.time_s) == (2**21, pytest.approx(1780e-6))
+    assert left.note.startswith(f"{bumped}:50: 2MiB left out of the fit: 1780 us, 5.0x the time "
+                                "of 4MiB")
+    assert 2**21 not in calibration.curve.sizes
+    sizes, measured = calibration.measured_points()  # what a projection is compared with
+    assert measured[list(sizes).index(2**21)] == pytest.approx(1780e-6)
+    # Without it the fit follows the other sizes: 2 MiB between its neighbours' times.
+    assert 170e-6 < calibration.curve(2**21) < 356.6e-6
+    result = CliRunner().invoke(main, ["calibrate", str(bumped)])
+    assert result.exit_code == 0 and "2MiB left out of the fit" in result.output
