@@ -19,6 +19,7 @@ from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
+from netsim_ddp.fabric.connection_sampler import ConnectionSampler
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.naming import new_run_id
@@ -273,16 +274,24 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
                 progress=progress))
         assert fabric.plan is not None  # built
         sampler = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
+        # Per connection, where a neighbour's flows share the nodes' counters with the job.
+        connections = (ConnectionSampler(fabric.plan) if scenario.background
+                       else contextlib.nullcontext())
         try:
-            with sampler:
+            with sampler, connections:
                 return probe_and_train(scenario.model_copy(update={"workload": workload}),
                                        site, report)
         finally:  # read while the switch exists
             report.uplinks = fabric.uplink_counters()
             report.counters = [CounterSeries(f"uplink {name} drops", None, points)
                                for name, points in sampler.samples.items() if points]
-            if sampler.error:
-                progress(f"{scenario.name}: uplink drops were sampled until: {sampler.error}")
+            if isinstance(connections, ConnectionSampler):
+                report.counters += [CounterSeries(name, None, points)
+                                    for name, points in sorted(connections.grown().items())]
+            for what, error in (("uplink drops", sampler.error),
+                                ("connections", getattr(connections, "error", None))):
+                if error:
+                    progress(f"{scenario.name}: {what} were sampled until: {error}")
 
 
 class EmulatedSite(Site):

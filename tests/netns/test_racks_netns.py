@@ -112,3 +112,30 @@ def test_a_neighbour_job_sends_its_burst_once_per_step_across_the_uplink():
     # 500 KB per 100 ms step (40 Mbit/s), not the 150 Mbit/s a bulk flow would take; the
     # payload's TCP/IP/Ethernet headers add 4.6% on the wire.
     assert (int(steps) - 1) * 500_000 <= background.total <= (int(steps) + 2) * 500_000 * 1.05
+
+
+def test_each_connections_losses_are_the_jobs_or_the_neighbours():
+    from netsim_ddp.fabric.background import BackgroundTraffic
+    from netsim_ddp.fabric.connection_sampler import ConnectionSampler
+
+    # A neighbour's bursts (n1 -> n2) and a job's transfer (n0 -> n3) meet in rack 0's 100
+    # Mbit/s uplink and its 32 KiB queue: both lose, and the nodes' counters would add them up.
+    scenario = Scenario.from_dict({
+        **racked(queue="32KiB", uplink="100mbit").model_dump(mode="json", exclude_none=True),
+        "background": [{"source": "n1", "destination": "n2", "burst": "2MB", "on": "100ms",
+                        "off": 0, "distribution": "fixed"}]})
+    with Fabric(scenario) as fabric:
+        n0, n1, n2, n3 = fabric.nodes
+        with ConnectionSampler(fabric.plan, every_s=0.02) as sampler, \
+                BackgroundTraffic(fabric, scenario.background):
+            started = time.monotonic()
+            measure_goodputs([(n0, n3)], 1.5)
+            ended = time.monotonic()
+    grown = sampler.grown()
+    assert sampler.error is None, sampler.error
+    job = CounterSeries("job", None, grown["job n0->n3 retransmitted"])
+    assert job.growth(started, ended + 0.05) > 0
+    assert grown["neighbour n1->n2 retransmitted"][-1][1] > 0
+    # Each connection is named by whose process holds it, in the node it sends from.
+    assert all(name.startswith(("job n0->n3 ", "job n3->n0 ", "neighbour n1->n2 ",
+                                "neighbour n2->n1 ")) for name in sampler.samples), grown

@@ -1,0 +1,159 @@
+"""The nodes' TCP connections sampled while the ranks train, one by one: which ones
+retransmitted, and which went into loss recovery after a retransmission timeout, inside a slow
+step's window. A node's counters (RankSamples.step_tcp_loss) add up all of its connections,
+a neighbour job's flows included; these tell the job's own connections from the neighbour's.
+
+A thread of its own opens one sock_diag socket in each node's namespace (a netlink socket
+belongs to the namespace it was made in; pyroute2's DiagSocket) and reads every connection's
+tcp_info every SAMPLE_S of host time. A connection is the neighbour's when its socket belongs
+to a background flow's process (fabric.background; its inode among that process's
+descriptors, looked up once per new connection), else the job's. Per direction (the sending
+node's socket towards another node) and kind, two running totals: segments retransmitted
+(tcpi_total_retrans) and timeouts (entries into the Loss state, tcpi_ca_state, which only a
+retransmission timeout sets). A timeout whose recovery ends between two samples shows as
+retransmissions only; at a scale model's k a target's 200 ms minimum RTO lasts k x 200 ms of
+host time, far longer than a sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from pyroute2.netlink.diag import SS_CONN, DiagSocket
+
+from . import netns
+from .plan import FabricPlan
+
+SAMPLE_S = 0.05
+TCP_CA_LOSS = 4  # include/net/tcp.h: the state a retransmission timeout puts a socket in
+INET_DIAG_INFO_EXT = 1 << (2 - 1)  # idiag_ext bit of INET_DIAG_INFO (tcp_info)
+BACKGROUND_COMMAND = b"netsim_ddp.fabric.background"
+
+
+@dataclass
+class _Connection:
+    direction: tuple[str, int, int]  # (kind, from node, to node)
+    retransmitted: int = 0
+    timeouts: int = 0
+    in_loss: bool = False
+
+
+@dataclass
+class ConnectionSampler(contextlib.AbstractContextManager):
+    """Per (kind, from, to) and metric, (CLOCK_MONOTONIC s, running total) for the block;
+    kind is 'job' or 'neighbour'."""
+
+    plan: FabricPlan
+    every_s: float = SAMPLE_S
+    samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    error: str | None = None  # why sampling stopped early, if it did
+
+    def __post_init__(self) -> None:
+        self._node_of = {node.address: node.index for node in self.plan.nodes}
+        self._connections: dict[tuple[int, int], _Connection] = {}  # (node, inode)
+        self._background: set[tuple[int, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="netsim-ddp-connections",
+                                        daemon=True)
+
+    def __enter__(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            with contextlib.ExitStack() as stack:
+                sockets = {node.index: stack.enter_context(_diag_socket(node.netns))
+                           for node in self.plan.nodes}
+                while True:
+                    now = time.monotonic()
+                    for index, diag in sockets.items():
+                        self._read(index, diag)
+                    self._record(now)
+                    if self._stop.wait(self.every_s):
+                        return
+        except Exception as exc:  # a namespace went away under us: keep what was read
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _read(self, index: int, diag: DiagSocket) -> None:
+        found = diag.get_sock_stats(family=socket.AF_INET, states=SS_CONN,
+                                    extensions=INET_DIAG_INFO_EXT)
+        for message in found:
+            peer = self._node_of.get(message["idiag_dst"])
+            info = message.get_attr("INET_DIAG_INFO")
+            if peer is None or peer == index or info is None:
+                continue  # loopback, the node's own address, or no tcp_info
+            key = (index, message["idiag_inode"])
+            connection = self._connections.get(key)
+            if connection is None:
+                if key not in self._background:
+                    self._background |= _background_sockets(self.plan, index)
+                kind = "neighbour" if key in self._background else "job"
+                connection = self._connections[key] = _Connection((kind, index, peer))
+            loss = info["tcpi_ca_state"] == TCP_CA_LOSS
+            connection.timeouts += int(loss and not connection.in_loss)
+            connection.in_loss = loss
+            connection.retransmitted = max(connection.retransmitted,
+                                           info["tcpi_total_retrans"])
+
+    def _record(self, now: float) -> None:
+        totals: dict[str, int] = {}
+        for connection in self._connections.values():
+            kind, source, destination = connection.direction
+            name = f"{kind} n{source}->n{destination}"
+            for metric, value in (("retransmitted", connection.retransmitted),
+                                  ("timeouts", connection.timeouts)):
+                totals[f"{name} {metric}"] = totals.get(f"{name} {metric}", 0) + value
+        for name, value in totals.items():
+            # From 0 where first seen (a connection's retransmissions before its first sample
+            # fall in that sample's window); then a point at each change is all growth needs.
+            series = self.samples.setdefault(name, [(now, 0.0)])
+            if series[-1][1] != value:
+                series.append((now, value))
+
+    def grown(self) -> dict[str, list[tuple[float, float]]]:
+        """The series whose total grew during the block (nothing else is evidence)."""
+        return {name: points for name, points in self.samples.items() if points[-1][1] > 0}
+
+
+@contextlib.contextmanager
+def _diag_socket(namespace: str) -> Iterator[DiagSocket]:
+    with netns.entered(namespace):
+        diag = DiagSocket()
+    try:
+        diag.bind()
+        yield diag
+    finally:
+        diag.close()
+
+
+def _background_sockets(plan: FabricPlan, index: int) -> set[tuple[int, int]]:
+    """(node, socket inode) of every socket the node's background flow processes hold."""
+    node = plan.nodes[index]
+    found = set()
+    for pid in netns.pids_in([node.netns])[node.netns]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if BACKGROUND_COMMAND not in handle.read():
+                    continue
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                target = os.readlink(fd.path)
+                if target.startswith("socket:["):
+                    found.add((index, int(target[8:-1])))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
+__all__ = ["SAMPLE_S", "ConnectionSampler"]
