@@ -58,6 +58,7 @@ class ConnectionSampler(contextlib.AbstractContextManager):
         self._node_of = {node.address: node.index for node in self.plan.nodes}
         self._connections: dict[tuple[int, int], _Connection] = {}  # (node, inode)
         self._background: set[tuple[int, int]] = set()
+        self._previous: float | None = None  # the last sampling round's time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="netsim-ddp-connections",
                                         daemon=True)
@@ -117,10 +118,15 @@ class ConnectionSampler(contextlib.AbstractContextManager):
                 totals[f"{name} {metric}"] = totals.get(f"{name} {metric}", 0) + value
         for name, value in totals.items():
             # From 0 where first seen (a connection's retransmissions before its first sample
-            # fall in that sample's window); then a point at each change is all growth needs.
+            # fall in that sample's window); then the samples either side of each change:
+            # CounterSeries.growth reads the first sample after a window's end, which must not
+            # be a later change.
             series = self.samples.setdefault(name, [(now, 0.0)])
             if series[-1][1] != value:
+                if self._previous is not None and series[-1][0] < self._previous:
+                    series.append((self._previous, series[-1][1]))
                 series.append((now, value))
+        self._previous = now
 
     def grown(self) -> dict[str, list[tuple[float, float]]]:
         """The series whose total grew during the block (nothing else is evidence)."""

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from netsim_ddp.fabric.connection_sampler import TCP_CA_LOSS, ConnectionSampler
+from netsim_ddp.measure.attribution import CounterSeries
 
 
 class Message(dict):
@@ -48,9 +49,13 @@ def test_timeouts_are_entries_into_loss_and_retransmissions_a_running_total(samp
         sampler._read(0, diag)
         sampler._record(float(now))
     samples = sampler.samples
-    assert samples["job n0->n1 timeouts"] == [(0.0, 0.0), (1.0, 1.0), (4.0, 2.0)]
+    # Each change with the sample before it: a window between two changes sees no growth.
+    assert samples["job n0->n1 timeouts"] == [(0.0, 0.0), (1.0, 1.0), (3.0, 1.0), (4.0, 2.0)]
     assert samples["job n0->n1 retransmitted"] == [(0.0, 0.0), (1.0, 3.0), (2.0, 5.0),
-                                                   (4.0, 9.0)]
+                                                   (3.0, 5.0), (4.0, 9.0)]
+    timeouts = CounterSeries("t", None, samples["job n0->n1 timeouts"])
+    assert timeouts.growth(1.5, 2.5) == 0 and timeouts.growth(3.5, 4.5) == 1
+    assert timeouts.growth(0.5, 1.5) == 1
     # Inode 7 belongs to a background flow's process: the neighbour's, counted apart.
     assert samples["neighbour n0->n2 retransmitted"] == [(0.0, 0.0), (0.0, 4.0), (1.0, 6.0)]
     assert not any("127" in name or "n0->n0" in name for name in samples)
