@@ -1,5 +1,5 @@
 """The nodes' TCP connections sampled while the ranks train, one by one: which ones
-retransmitted, and which went into loss recovery after a retransmission timeout, inside a slow
+retransmitted, and which had a retransmission timeout, inside a slow
 step's window. A node's counters (RankSamples.step_tcp_loss) add up all of its connections,
 a neighbour job's flows included; these tell the job's own connections from the neighbour's.
 
@@ -9,10 +9,11 @@ tcp_info every SAMPLE_S of host time. A connection is the neighbour's when its s
 to a background flow's process (fabric.background; its inode among that process's
 descriptors, looked up once per new connection), else the job's. Per direction (the sending
 node's socket towards another node) and kind, two running totals: segments retransmitted
-(tcpi_total_retrans) and timeouts (entries into the Loss state, tcpi_ca_state, which only a
-retransmission timeout sets). A timeout whose recovery ends between two samples shows as
-retransmissions only; at a scale model's k a target's 200 ms minimum RTO lasts k x 200 ms of
-host time, far longer than a sample.
+(tcpi_total_retrans) and retransmission timeouts: the kernel's own count (tcpi_total_rto,
+Linux 6.7+; pyroute2 does not decode it yet, so it is read at its offset in the attribute),
+else entries into the Loss state (tcpi_ca_state, which only a timeout sets). The Loss state
+lasts from the timer's firing to the recovery's end, a few round trips, so sampling misses
+most of them: on a kernel without the count, timeouts are a lower bound.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +35,9 @@ from .plan import FabricPlan
 SAMPLE_S = 0.05
 TCP_CA_LOSS = 4  # include/net/tcp.h: the state a retransmission timeout puts a socket in
 INET_DIAG_INFO_EXT = 1 << (2 - 1)  # idiag_ext bit of INET_DIAG_INFO (tcp_info)
+# include/uapi/linux/tcp.h: struct tcp_info's __u16 tcpi_total_rto (Linux 6.7+), past the
+# attribute's 4-byte header
+TOTAL_RTO_AT = 4 + 240
 BACKGROUND_COMMAND = b"netsim_ddp.fabric.background"
 
 
@@ -93,8 +98,8 @@ class ConnectionSampler(contextlib.AbstractContextManager):
         for message in found:
             peer = self._node_of.get(message["idiag_dst"])
             info = message.get_attr("INET_DIAG_INFO")
-            if peer is None or peer == index or info is None:
-                continue  # loopback, the node's own address, or no tcp_info
+            if peer is None or peer == index or info is None or not message["idiag_inode"]:
+                continue  # loopback, the node's own address, no tcp_info, or orphaned
             key = (index, message["idiag_inode"])
             connection = self._connections.get(key)
             if connection is None:
@@ -103,7 +108,11 @@ class ConnectionSampler(contextlib.AbstractContextManager):
                 kind = "neighbour" if key in self._background else "job"
                 connection = self._connections[key] = _Connection((kind, index, peer))
             loss = info["tcpi_ca_state"] == TCP_CA_LOSS
-            connection.timeouts += int(loss and not connection.in_loss)
+            counted = total_rto(info)
+            if counted is not None:
+                connection.timeouts = max(connection.timeouts, counted)
+            else:
+                connection.timeouts += int(loss and not connection.in_loss)
             connection.in_loss = loss
             connection.retransmitted = max(connection.retransmitted,
                                            info["tcpi_total_retrans"])
@@ -131,6 +140,15 @@ class ConnectionSampler(contextlib.AbstractContextManager):
     def grown(self) -> dict[str, list[tuple[float, float]]]:
         """The series whose total grew during the block (nothing else is evidence)."""
         return {name: points for name, points in self.samples.items() if points[-1][1] > 0}
+
+
+def total_rto(info) -> int | None:
+    """The kernel's count of the connection's retransmission timeouts, where its tcp_info has
+    it (None: an older kernel's, or a decoded attribute without its bytes)."""
+    length, data = getattr(info, "length", 0), getattr(info, "data", None)
+    if data is None or length < TOTAL_RTO_AT + 2:
+        return None
+    return int(struct.unpack_from("=H", data, info.offset + TOTAL_RTO_AT)[0])
 
 
 @contextlib.contextmanager
@@ -162,4 +180,4 @@ def _background_sockets(plan: FabricPlan, index: int) -> set[tuple[int, int]]:
     return found
 
 
-__all__ = ["SAMPLE_S", "ConnectionSampler"]
+__all__ = ["SAMPLE_S", "ConnectionSampler", "total_rto"]
