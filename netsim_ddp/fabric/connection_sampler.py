@@ -1,19 +1,19 @@
 """The nodes' TCP connections sampled while the ranks train, one by one: which ones
-retransmitted, and which had a retransmission timeout, inside a slow
-step's window. A node's counters (RankSamples.step_tcp_loss) add up all of its connections,
-a neighbour job's flows included; these tell the job's own connections from the neighbour's.
+retransmitted, and which had a retransmission timeout, inside a slow step's window. A node's
+counters (RankSamples.step_tcp_loss) add up all of its connections, a neighbour job's flows
+included; these tell the job's own connections from the neighbour's.
 
-A thread of its own opens one sock_diag socket in each node's namespace (a netlink socket
-belongs to the namespace it was made in; pyroute2's DiagSocket) and reads every connection's
-tcp_info every SAMPLE_S of host time. A connection is the neighbour's when its socket belongs
-to a background flow's process (fabric.background; its inode among that process's
-descriptors, looked up once per new connection), else the job's. Per direction (the sending
-node's socket towards another node) and kind, two running totals: segments retransmitted
-(tcpi_total_retrans) and retransmission timeouts: the kernel's own count (tcpi_total_rto,
-Linux 6.7+; pyroute2 does not decode it yet, so it is read at its offset in the attribute),
-else entries into the Loss state (tcpi_ca_state, which only a timeout sets). The Loss state
-lasts from the timer's firing to the recovery's end, a few round trips, so sampling misses
-most of them: on a kernel without the count, timeouts are a lower bound.
+A thread of its own (fabric.sampling) opens one sock_diag socket in each node's namespace (a
+netlink socket belongs to the namespace it was made in; pyroute2's DiagSocket) and reads every
+connection's tcp_info every SAMPLE_S of host time. A connection is the neighbour's when its
+socket belongs to a background flow's process (fabric.background; its inode among that
+process's descriptors, looked up once per new connection), else the job's. Per direction (the
+sending node's socket towards another node) and kind, two running totals: segments
+retransmitted (tcpi_total_retrans) and retransmission timeouts: the kernel's own count
+(tcpi_total_rto, Linux 6.7+; pyroute2 does not decode it yet, so it is read at its offset in
+the attribute), else entries into the Loss state (tcpi_ca_state, which only a timeout sets).
+The Loss state lasts from the timer's firing to the recovery's end, a few round trips, so
+sampling misses most of them: on a kernel without the count, timeouts are a lower bound.
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ import contextlib
 import os
 import socket
 import struct
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyroute2.netlink.diag import SS_CONN, DiagSocket
 
 from . import netns
 from .plan import FabricPlan
+from .sampling import SamplingThread
 
 SAMPLE_S = 0.05
 TCP_CA_LOSS = 4  # include/net/tcp.h: the state a retransmission timeout puts a socket in
@@ -49,48 +48,30 @@ class _Connection:
     in_loss: bool = False
 
 
-@dataclass
-class ConnectionSampler(contextlib.AbstractContextManager):
+class ConnectionSampler(SamplingThread):
     """Per (kind, from, to) and metric, (CLOCK_MONOTONIC s, running total) for the block;
     kind is 'job' or 'neighbour'."""
 
-    plan: FabricPlan
-    every_s: float = SAMPLE_S
-    samples: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    error: str | None = None  # why sampling stopped early, if it did
+    thread_name = "netsim-ddp-connections"
 
-    def __post_init__(self) -> None:
-        self._node_of = {node.address: node.index for node in self.plan.nodes}
+    def __init__(self, plan: FabricPlan, every_s: float = SAMPLE_S):
+        super().__init__(every_s)
+        self.plan = plan
+        self._node_of = {node.address: node.index for node in plan.nodes}
         self._connections: dict[tuple[int, int], _Connection] = {}  # (node, inode)
         self._background: set[tuple[int, int]] = set()
         self._previous: float | None = None  # the last sampling round's time
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="netsim-ddp-connections",
-                                        daemon=True)
 
-    def __enter__(self) -> ConnectionSampler:
-        self._thread.start()
-        return self
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[dict[int, DiagSocket]]:
+        with contextlib.ExitStack() as stack:
+            yield {node.index: stack.enter_context(_diag_socket(node.netns))
+                   for node in self.plan.nodes}
 
-    def __exit__(self, *_exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        try:
-            with contextlib.ExitStack() as stack:
-                sockets = {node.index: stack.enter_context(_diag_socket(node.netns))
-                           for node in self.plan.nodes}
-                while True:
-                    now = time.monotonic()
-                    for index, diag in sockets.items():
-                        self._read(index, diag)
-                    self._record(now)
-                    if self._stop.wait(self.every_s):
-                        return
-        except Exception as exc:  # a namespace went away under us: keep what was read
-            self.error = f"{type(exc).__name__}: {exc}"
+    def sample(self, sockets: dict[int, DiagSocket], now: float) -> None:
+        for index, diag in sockets.items():
+            self._read(index, diag)
+        self._record(now)
 
     def _read(self, index: int, diag: DiagSocket) -> None:
         found = diag.get_sock_stats(family=socket.AF_INET, states=SS_CONN,

@@ -23,6 +23,7 @@ from netsim_ddp.fabric.connection_sampler import ConnectionSampler
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.naming import new_run_id
+from netsim_ddp.fabric.sampling import SamplingThread
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
 from netsim_ddp.fabric.uplink_sampler import UplinkSampler
 from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
@@ -273,25 +274,27 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
                 out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
                 progress=progress))
         assert fabric.plan is not None  # built
-        sampler = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
+        uplinks = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
         # Per connection, where a neighbour's flows share the nodes' counters with the job.
-        connections = (ConnectionSampler(fabric.plan) if scenario.background
-                       else contextlib.nullcontext())
+        connections = [ConnectionSampler(fabric.plan)] if scenario.background else []
+        samplers: list[SamplingThread] = [uplinks, *connections]
         try:
-            with sampler, connections:
+            with contextlib.ExitStack() as sampling:
+                for sampler in samplers:
+                    sampling.enter_context(sampler)
                 return probe_and_train(scenario.model_copy(update={"workload": workload}),
                                        site, report)
         finally:  # read while the switch exists
             report.uplinks = fabric.uplink_counters()
             report.counters = [CounterSeries(f"uplink {name} drops", None, points)
-                               for name, points in sampler.samples.items() if points]
-            if isinstance(connections, ConnectionSampler):
+                               for name, points in uplinks.samples.items() if points]
+            for sampler in connections:
                 report.counters += [CounterSeries(name, None, points)
-                                    for name, points in sorted(connections.grown().items())]
-            for what, error in (("uplink drops", sampler.error),
-                                ("connections", getattr(connections, "error", None))):
-                if error:
-                    progress(f"{scenario.name}: {what} were sampled until: {error}")
+                                    for name, points in sorted(sampler.grown().items())]
+            for sampler in samplers:
+                if sampler.error:
+                    progress(f"{scenario.name}: {sampler.thread_name} sampled until: "
+                             f"{sampler.error}")
 
 
 class EmulatedSite(Site):
