@@ -8,6 +8,12 @@ The evidence, in order:
   median iteration, compute was late: 'stall' when the replay drew a stall for that rank and
   step covering at least half of it (the scenario's seeded noise says so, workload.
   compute_noise), else 'compute' (a slow GPU, a slow episode, the light noise, real compute).
+- timeout: the collective was slow and one of the job's own connections had a retransmission
+  timeout inside the iteration's window (a CounterSeries 'job ... timeouts' that grew,
+  fabric/connection_sampler.py; where no connection was sampled, as when no background flow
+  shares the nodes, a node's TCPTimeouts count: all of its connections are the job's). A
+  timeout costs the target's RTO whatever the bytes: the part of the tail fewer bytes cannot
+  shorten.
 - network: otherwise the collective was slow. Its evidence: the TCP loss counters each node's
   local rank 0 read at the step's edges (RankSamples.step_tcp_loss: retransmissions, timeouts,
   loss probes in that node during the step), counter series sampled during the run
@@ -21,6 +27,7 @@ No torch here.
 from __future__ import annotations
 
 import bisect
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +40,8 @@ from netsim_ddp.workload.launcher.results import ModeResult
 
 INITIAL_STATE = "initial"  # fabric.schedule's label of an iteration before any change
 COMPUTE_EXPLAINS = 0.5  # of an iteration's excess: a compute excess this large is its cause
-CAUSES = ("stall", "compute", "network")
+CAUSES = ("stall", "compute", "timeout", "network")
+JOB_TIMEOUTS = re.compile(r"^job n\d+->n\d+ timeouts$")  # connection_sampler's names
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ class SlowIteration(_Strict):
     excess_s: float = Field(description="Its time over the median iteration (target s).")
     rank: int = Field(description="The rank that was last: whose backward finished last, "
                       "else whose compute was longest.")
-    cause: str = Field(description="stall, compute or network.")
+    cause: str = Field(description="stall, compute, timeout or network.")
     detail: str = Field(description="The evidence, as people read it.")
     evidenced: bool = Field(False, description="Whether the run's evidence names the cause "
                             "(False: 'network' by elimination, nothing else explained it).")
@@ -101,6 +109,16 @@ def _last_rank(result: ModeResult, index: int, compute: dict[int, float]) -> int
     return max(compute, key=compute.__getitem__)
 
 
+def _window(result: ModeResult, index: int) -> tuple[float, float] | None:
+    """The iteration's (start, end) in CLOCK_MONOTONIC host seconds, where recorded."""
+    starts = result.started_monotonic
+    host = (result.host_s or {}).get("iteration_s") or [t * result.dilation
+                                                         for t in result.iteration_s]
+    if starts is None or index >= len(starts):
+        return None
+    return starts[index], starts[index] + host[index]
+
+
 def _network_evidence(result: ModeResult, index: int, counters: Sequence[CounterSeries],
                       link_states: Sequence[str] | None) -> list[str]:
     found = []
@@ -111,11 +129,9 @@ def _network_evidence(result: ModeResult, index: int, counters: Sequence[Counter
             node = rank.node_rank if rank.node_rank is not None else rank.rank
             found.append(f"node {node} " + ", ".join(f"{name} +{value}"
                                                      for name, value in losses.items()))
-    starts = result.started_monotonic
-    host = (result.host_s or {}).get("iteration_s") or [t * result.dilation
-                                                         for t in result.iteration_s]
-    if starts is not None and index < len(starts):
-        start, end = starts[index], starts[index] + host[index]
+    window = _window(result, index)
+    if window is not None:
+        start, end = window
         for series in counters:
             grew = series.growth(start, end)
             if grew > 0:
@@ -125,6 +141,19 @@ def _network_evidence(result: ModeResult, index: int, counters: Sequence[Counter
     if state and state != INITIAL_STATE:  # the schedule had changed a link (or did, then)
         found.append(f"link schedule: {state}")
     return found
+
+
+def _job_timed_out(result: ModeResult, index: int, counters: Sequence[CounterSeries]) -> bool:
+    """Whether one of the job's connections had a retransmission timeout in the iteration."""
+    per_connection = [series for series in counters if JOB_TIMEOUTS.match(series.name)]
+    sampled = any(series.name.startswith(("job ", "neighbour ")) for series in counters)
+    if sampled:
+        window = _window(result, index)
+        return window is not None and any(series.growth(*window) > 0
+                                          for series in per_connection)
+    return any((rank.step_tcp_loss[index] if rank.step_tcp_loss is not None
+                and index < len(rank.step_tcp_loss) else {}).get("TCPTimeouts", 0) > 0
+               for rank in result.ranks)
 
 
 def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
@@ -155,7 +184,8 @@ def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
             rank, evidenced = slowest, True
         else:
             evidence = _network_evidence(result, index, counters, link_states)
-            cause, evidenced = "network", bool(evidence)
+            timed_out = _job_timed_out(result, index, counters)
+            cause, evidenced = "timeout" if timed_out else "network", bool(evidence)
             read = ("no node's TCP loss counters grew" if recorded
                     else "no network counters recorded")
             detail = ("collective slow; " + "; ".join(evidence) if evidence else

@@ -31,9 +31,9 @@ def tail_table(report: ScenarioReport) -> Table:
                    "max", "cv", *CAUSES):
         table.add_column(column, justify="right", no_wrap=True)
     table.caption = (f"ms; slow: iterations above the median by more than {SLOW_THRESHOLD:.0%}; "
-                     "stall / compute / network: the share of the slow iterations' summed "
-                     "excess over the median each cause explains; network*: some of it by "
-                     "elimination (no node's TCP loss counters grew, no link change; "
+                     "stall / compute / timeout / network: the share of the slow iterations' "
+                     "summed excess over the median each cause explains; network*: some of it "
+                     "by elimination (no node's TCP loss counters grew, no link change; "
                      "docs/jitter.md)")
     if report.notice:
         table.title = f"{table.title}\n{report.notice}"

@@ -124,9 +124,30 @@ def test_network_evidence_from_each_nodes_tcp_losses_in_the_step() -> None:
     table = attribute(result)
     assert table.slow[0].detail == "collective slow; node 1 RetransSegs +12, TCPTimeouts +1"
     assert table.slow[0].evidenced
+    # No connection sampled (no neighbour shares the nodes): a node's timeout is the job's.
+    assert [row.cause for row in table.slow] == ["timeout", "network"]
     # recorded, but nothing grew in step 9: by elimination, and it says what was read
     assert "no node's TCP loss counters grew: by elimination" in table.slow[1].detail
     assert not table.slow[1].evidenced
+
+
+def test_a_timeout_is_the_jobs_own_connections_not_the_neighbours() -> None:
+    noise = NoiseModel(ComputeNoise(spread=0.0, seed=2))
+    result = _result(noise, network_s={4: 0.2, 9: 0.05}).model_copy(
+        update={"started_monotonic": [100.0 + step for step in range(STEPS)]})
+    losses = [{} for _ in range(STEPS)]
+    losses[4] = losses[9] = {"TCPTimeouts": 1}  # the node's counters: job and neighbour alike
+    leader = result.ranks[4].model_copy(update={"step_tcp_loss": losses})
+    result = result.model_copy(update={"ranks": [*result.ranks[:4], leader, *result.ranks[5:]]})
+    job = CounterSeries("job n1->n0 timeouts", None, [(100.0, 0), (104.1, 0), (104.2, 1),
+                                                      (200.0, 1)])
+    neighbour = CounterSeries("neighbour n1->n0 timeouts", None,
+                              [(100.0, 0), (109.1, 0), (109.2, 1), (200.0, 1)])
+    table = attribute(result, counters=[job, neighbour])
+    assert [(row.iteration, row.cause) for row in table.slow] == [(4, "timeout"), (9, "network")]
+    assert "job n1->n0 timeouts +1" in table.slow[0].detail
+    assert "neighbour n1->n0 timeouts +1" in table.slow[1].detail
+    assert [share.cause for share in table.shares] == ["timeout", "network"]
 
 
 def test_mixed_causes_split_the_tail() -> None:
