@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from netsim_ddp.common.tails import SLOW_THRESHOLD, slow_iterations
 from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
 
 INITIAL_STATE = "initial"  # fabric.schedule's label of an iteration before any change
 COMPUTE_EXPLAINS = 0.5  # of an iteration's excess: a compute excess this large is its cause
@@ -109,6 +109,12 @@ def _last_rank(result: ModeResult, index: int, compute: dict[int, float]) -> int
     return max(compute, key=compute.__getitem__)
 
 
+def _step_losses(rank: RankSamples, index: int) -> dict[str, int]:
+    """The TCP loss counters that grew in the rank's node during the step (its leader's)."""
+    losses = rank.step_tcp_loss
+    return losses[index] if losses is not None and index < len(losses) else {}
+
+
 def _window(result: ModeResult, index: int) -> tuple[float, float] | None:
     """The iteration's (start, end) in CLOCK_MONOTONIC host seconds, where recorded."""
     starts = result.started_monotonic
@@ -123,8 +129,7 @@ def _network_evidence(result: ModeResult, index: int, counters: Sequence[Counter
                       link_states: Sequence[str] | None) -> list[str]:
     found = []
     for rank in result.ranks:  # each node's leader: its TCP losses during the step
-        losses = (rank.step_tcp_loss[index]
-                  if rank.step_tcp_loss is not None and index < len(rank.step_tcp_loss) else {})
+        losses = _step_losses(rank, index)
         if losses:
             node = rank.node_rank if rank.node_rank is not None else rank.rank
             found.append(f"node {node} " + ", ".join(f"{name} +{value}"
@@ -151,9 +156,7 @@ def _job_timed_out(result: ModeResult, index: int, counters: Sequence[CounterSer
         window = _window(result, index)
         return window is not None and any(series.growth(*window) > 0
                                           for series in per_connection)
-    return any((rank.step_tcp_loss[index] if rank.step_tcp_loss is not None
-                and index < len(rank.step_tcp_loss) else {}).get("TCPTimeouts", 0) > 0
-               for rank in result.ranks)
+    return any(_step_losses(rank, index).get("TCPTimeouts", 0) > 0 for rank in result.ranks)
 
 
 def attribute(result: ModeResult, *, noise: NoiseModel | None = None,
