@@ -29,9 +29,8 @@ from pyroute2.netlink.diag import SS_CONN, DiagSocket
 
 from . import netns
 from .plan import FabricPlan
-from .sampling import SamplingThread
+from .sampling import SAMPLE_S, SamplingThread
 
-SAMPLE_S = 0.05
 TCP_CA_LOSS = 4  # include/net/tcp.h: the state a retransmission timeout puts a socket in
 INET_DIAG_INFO_EXT = 1 << (2 - 1)  # idiag_ext bit of INET_DIAG_INFO (tcp_info)
 # include/uapi/linux/tcp.h: struct tcp_info's __u16 tcpi_total_rto (Linux 6.7+), past the
@@ -161,4 +160,4 @@ def _background_sockets(plan: FabricPlan, index: int) -> set[tuple[int, int]]:
     return found
 
 
-__all__ = ["SAMPLE_S", "ConnectionSampler", "total_rto"]
+__all__ = ["ConnectionSampler", "total_rto"]

@@ -10,11 +10,13 @@ import threading
 import time
 from typing import Any
 
+SAMPLE_S = 0.05  # host seconds between rounds: at a scale model's k, SAMPLE_S / k of the target's
+
 
 class SamplingThread(contextlib.AbstractContextManager):
     thread_name = "netsim-ddp-sampler"
 
-    def __init__(self, every_s: float):
+    def __init__(self, every_s: float = SAMPLE_S):
         self.every_s = every_s
         self.samples: dict[str, list[tuple[float, float]]] = {}
         self.error: str | None = None  # why sampling stopped early, if it did
@@ -55,4 +57,4 @@ class SamplingThread(contextlib.AbstractContextManager):
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["SamplingThread"]
+__all__ = ["SAMPLE_S", "SamplingThread"]

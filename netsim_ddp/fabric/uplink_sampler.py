@@ -17,9 +17,7 @@ from pyroute2 import IPRoute
 from . import netns
 from .plan import FabricPlan
 from .qdisc_stats import loss_counts, root_qdisc
-from .sampling import SamplingThread
-
-SAMPLE_S = 0.05
+from .sampling import SAMPLE_S, SamplingThread
 
 
 class UplinkSampler(SamplingThread):

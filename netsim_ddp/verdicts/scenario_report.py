@@ -49,7 +49,8 @@ class ScenarioReport:
     machines: int = 1  # `netsim-ddp machine`: the machines the fabric was spread over
     target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
     uplinks: dict[str, dict[str, int | None]] = field(default_factory=dict)  # racks, whole run
-    # counters sampled while the ranks ran (the racks' uplink drops): the tail's evidence
+    # counters sampled while the ranks ran (the racks' uplink drops, the job's and a
+    # neighbour's connections' losses): the tail's evidence
     counters: list[CounterSeries] = field(default_factory=list)
 
     @property
