@@ -21,6 +21,13 @@ Parts:
               prints beside each run the generator's own prediction for the same draws (the
               slowest rank's compute, no network): what the run should show if the network
               and the host add nothing
+    neighbour  a neighbour job on oversubscribed uplinks at 2, 4, 8, 16 GPUs, fp32 and
+              amp-fp16 (scenarios/scale/racks-neighbour-light.toml; racks-neighbour.toml
+              with --heavy): the network and the neighbour stay (2 racks, 2:1 uplinks, the
+              neighbour's bytes per uplink and step), the job grows (2 x 1, 4 x 1, 4 x 2,
+              4 x 4); at 2 nodes each rack's one node sends both of its rack's neighbour
+              flows. Writes OUT/neighbour.json and OUT/neighbour.png (about 15 minutes a
+              GPU count)
     attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
               link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
               must name 'stall' for the first and 'network' for the second
@@ -45,6 +52,8 @@ Run them under the heavy-work lock:
     .venv/bin/python bench/jitter_mechanisms.py model
     flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py run --preset scaled \
         --out /tmp/jit
+    flock /tmp/nsd-heavy.lock .venv/bin/python bench/jitter_mechanisms.py neighbour \
+        --iterations 120 --out /tmp/jit
     .venv/bin/python bench/jitter_mechanisms.py table --out /tmp/jit
 """
 
@@ -182,6 +191,44 @@ def part_run(out: Path, *, preset: str, iterations: int,
                             f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
 
 
+NEIGHBOUR = Path(__file__).resolve().parents[1] / "scenarios" / "scale"
+
+
+def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False) -> Scenario:
+    """The neighbour file with the job grown to GPUS (TOPOLOGIES), the network and the
+    neighbour's load on each uplink kept: at 2 nodes the two nodes of a rack become one, which
+    sends both of its rack's neighbour flows."""
+    base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
+                                      else "racks-neighbour-light.toml"))
+    data = base.model_dump(mode="json", exclude_none=True)
+    nodes, per_node = TOPOLOGIES[gpus]
+    old_racks = base.topology.node_racks
+    if nodes != base.topology.nodes:  # one node per rack: each flow from and to its rack's node
+        for flow in data["background"]:
+            for end in ("source", "destination"):
+                flow[end] = f"n{old_racks[int(flow[end][1:])]}"
+    data["topology"].update(nodes=nodes, ranks_per_node=per_node)
+    data["name"] = f"{base.name}-{gpus}gpu"
+    data["workload"]["iterations"] = iterations
+    data.pop("expect", None)  # the file's claim is for its own 4 GPUs
+    return Scenario.from_dict(data, base.path)
+
+
+def part_neighbour(out: Path, iterations: int, *, heavy: bool) -> None:
+    reports = []
+    for gpus in TOPOLOGIES:
+        scenario = neighbour_scenario(gpus, iterations, heavy=heavy)
+        started = time.monotonic()
+        reports.append(run_scenario(scenario, out_dir=out / "runs", progress=console.print))
+        console.print(f"{scenario.name}: {reports[-1].status} in "
+                      f"{time.monotonic() - started:.0f} s "
+                      f"{reports[-1].refused or reports[-1].error or ''}")
+    document = results_document(reports)
+    save(document, out / "neighbour.json")
+    plot_jitter_by_gpus(document.scenarios, out / "neighbour.png",
+                        "a neighbour job on 2:1 uplinks: spread and pace per iteration vs GPUs")
+
+
 def part_attribution(out: Path, iterations: int) -> None:
     stalls = _scenario("stalls-only", {"spread": 0.0, "stalls": {**STALLS, "probability": 0.05}},
                        2, preset="small", iterations=iterations)
@@ -222,13 +269,15 @@ def part_table(out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["model", "run", "attribution", "table"])
+    parser.add_argument("part", choices=["model", "run", "neighbour", "attribution", "table"])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--preset", choices=list(PRESETS), default="small",
                         help="what `run` runs (the module's docstring)")
     parser.add_argument("--full", action="store_true", help="--preset resnet50 (hours here)")
     parser.add_argument("--mechanisms", nargs="+", default=None,
                         help="run only these (light, stalls, gpu, episode, mix)")
+    parser.add_argument("--heavy", action="store_true",
+                        help="neighbour: the 20 MB neighbour (racks-neighbour.toml)")
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
     if args.part == "model":
@@ -240,6 +289,8 @@ def main() -> None:
     if args.part == "run":
         part_run(args.out, preset="resnet50" if args.full else args.preset,
                  iterations=args.iterations, only=args.mechanisms)
+    if args.part == "neighbour":
+        part_neighbour(args.out, args.iterations, heavy=args.heavy)
     if args.part == "attribution":
         part_attribution(args.out, args.iterations)
     part_table(args.out)
