@@ -220,8 +220,16 @@ class BackgroundTraffic:
         if signals is not None and any(signals.iterdir()):
             raise ValueError(f"background traffic needs a fresh signal folder, and {signals} "
                              "holds an earlier run's signals, which the senders would replay")
-        self._reports = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
+        self._reports_folder: Path | None = None  # made by the first end, removed by stop_ends
         self._running: list[_End] = []
+
+    @property
+    def _reports(self) -> Path:
+        """The ends' report files' folder, made when the first end starts: one made here
+        and never used would outlive the object."""
+        if self._reports_folder is None:
+            self._reports_folder = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
+        return self._reports_folder
 
     def __enter__(self) -> BackgroundTraffic:
         try:
@@ -311,7 +319,9 @@ class BackgroundTraffic:
             reports.append(report)
         problems = [self._why(end) + " had died before the end"
                     for end in running if end.died] + missing
-        shutil.rmtree(self._reports, ignore_errors=True)
+        if self._reports_folder is not None:
+            shutil.rmtree(self._reports_folder, ignore_errors=True)
+            self._reports_folder = None
         if problems:
             raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
                                   "be told from the training's")

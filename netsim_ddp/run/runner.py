@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -83,7 +84,10 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
 
     A scale model ([emulation] dilation = k): the host runs scenario.dilation.dilated(k) and
     every time reported is the target's (measure.dilation). dilation = "auto" tries k = 1, 2,
-    4, ... until the fidelity probe trusts the host (at most emulation.max_dilation)."""
+    4, ... until the fidelity probe trusts the host (at most emulation.max_dilation).
+
+    Without `out_dir` each run writes to a temporary folder, removed once the run passed or was
+    refused; a run that failed or erred keeps it (report.out_dir) for its logs."""
     kwargs = dict(out_dir=out_dir, iterations=iterations, profile=profile,
                   allow_untrusted=allow_untrusted, timeout_s=timeout_s, progress=progress,
                   on_built=on_built)
@@ -111,9 +115,21 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
 
 
 def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
-            iterations: int | None, profile: bool, allow_untrusted: bool,
-            timeout_s: float | None, progress: Progress,
-            on_built: Callable[[Fabric], None] | None) -> ScenarioReport:
+            **kwargs) -> ScenarioReport:
+    """One run at one dilation; a temporary folder (no out_dir) is removed unless the run
+    failed or erred, whose logs someone will read."""
+    report = _run_in_folder(scenario, dilation, out_dir=out_dir, **kwargs)
+    if out_dir is None and report.out_dir is not None and report.status in ("passed",
+                                                                            "refused"):
+        shutil.rmtree(report.out_dir, ignore_errors=True)
+        report.out_dir = None
+    return report
+
+
+def _run_in_folder(scenario: Scenario, dilation: float, *, out_dir: Path | None,
+                   iterations: int | None, profile: bool, allow_untrusted: bool,
+                   timeout_s: float | None, progress: Progress,
+                   on_built: Callable[[Fabric], None] | None) -> ScenarioReport:
     workload = scenario.workload
     if workload is None:
         raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "

@@ -1,14 +1,19 @@
 """Each run owns its files, and its lock proves it alive (no namespaces, no processes)."""
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from netsim_ddp import Scenario
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
+from netsim_ddp.run import runner
 from netsim_ddp.run.runner import run_folder
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec, launch
 
 
@@ -74,7 +79,16 @@ def test_a_lock_folder_that_is_not_safely_ours_is_refused(tmp_path):
     assert list(elsewhere.iterdir()) == [] and list(shared.iterdir()) == []
 
 
-def test_every_run_gets_a_fresh_folder_and_latest_points_at_it(tmp_path):
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch):
+    """The temporary folder every tempfile.mkdtemp here makes its folders in."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
+def test_every_run_gets_a_fresh_folder_and_latest_points_at_it(tmp_path, temp_root):
     first = run_folder(tmp_path, "aaaaaa")
     (first / "signals").mkdir()
     (first / "signals" / "start-fp32").touch()
@@ -83,7 +97,41 @@ def test_every_run_gets_a_fresh_folder_and_latest_points_at_it(tmp_path):
     assert (tmp_path / "latest").resolve() == second.resolve()
     with pytest.raises(FileExistsError):
         run_folder(tmp_path, "bbbbbb")  # never two runs in one folder
-    assert run_folder(None, "cccccc").name.startswith("netsim-ddp-run-cccccc-")
+    assert run_folder(None, "cccccc").parent == temp_root
+    assert [p.name[:21] for p in temp_root.iterdir()] == ["netsim-ddp-run-cccccc"]
+
+
+@pytest.mark.parametrize(("outcome", "kept"), [
+    ({}, False), ({"refused": "the probe reached 80% of the link"}, False),
+    ({"error": "rank 1 crashed"}, True),
+    ({"checks": [Verdict("amp-fp16 vs fp32", False, "not faster")]}, True)])
+def test_a_temporary_run_folder_is_removed_unless_someone_will_read_its_logs(
+        temp_root, monkeypatch, outcome, kept):
+    # Without --out every run wrote a /tmp folder and left it, hundreds a day under CI.
+    scenario = Scenario.from_dict({"name": "tidy", "topology": {"nodes": 2},
+                                   "link": {"rate": "10gbit"}})
+
+    def run_in_folder(scenario, dilation, *, out_dir, **_):
+        folder = run_folder(out_dir, "dddddd")
+        (folder / "train").mkdir()
+        return ScenarioReport(scenario, out_dir=folder, **outcome)
+
+    monkeypatch.setattr(runner, "_run_in_folder", run_in_folder)
+    report = runner._run_at(scenario, 1.0, out_dir=None)
+    assert (report.out_dir is not None) is kept
+    assert len(list(temp_root.iterdir())) == kept
+    out = temp_root.parent / "out"
+    given = runner._run_at(scenario, 1.0, out_dir=out)  # a folder the user named stays
+    assert given.out_dir is not None and given.out_dir.is_dir()
+
+
+def test_background_traffic_makes_no_folder_before_an_end_starts(temp_root):
+    # Made in __init__, a folder outlived every object whose ends never started (the unit
+    # tests' own helpers left over a hundred).
+    traffic = BackgroundTraffic(None, [])
+    assert list(temp_root.iterdir()) == []
+    traffic.stop()
+    assert list(temp_root.iterdir()) == []
 
 
 def test_background_traffic_refuses_an_earlier_runs_signals(tmp_path):

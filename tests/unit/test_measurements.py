@@ -145,7 +145,7 @@ def _traffic_with(tmp_path: Path, ends: list[tuple[str, str, str | None]]) -> Ba
     """A BackgroundTraffic whose running ends are small scripts; each writes `report` (or not)
     and its stderr file, as the real ends do."""
     traffic = BackgroundTraffic(fabric=None, flows=[])
-    traffic._reports = tmp_path
+    traffic._reports_folder = tmp_path
     for index, (role, script, report) in enumerate(ends):
         path = tmp_path / f"{index}.json"
         if report is not None:  # the ends' report format: their series, the windows followed
