@@ -49,7 +49,8 @@ SESSION_OPTIONS = {option.name: option for option in (
     SessionOption("iterations", "iterations", "Override the measured iterations of every "
                   "scenario.", "count", "N"),
     SessionOption("out", "out_dir", "Keep rank logs, results and traces here (default: a "
-                  "temporary folder).", "folder", "DIR"),
+                  "temporary folder, kept only when the run failed or erred; the results' "
+                  "out_dir names it).", "folder", "DIR"),
     SessionOption("history", "history_dir", "Add each scenario's results to this folder of "
                   "earlier runs and judge them against it: change points, and history checks "
                   "that fail on a regression from the best earlier level (tolerances: "
