@@ -12,7 +12,9 @@ shape gets one line starting "OUTSIDE THE CALIBRATION":
 - another count of NICs in use: the network's bandwidth is scaled by the NICs' ratio
   (`Cluster.nic_scale`), a line rate the calibration never carried;
 - more hosts than the real series in `bench/projection_scales.py` checked (up to 4x the
-  calibrated hosts, `CHECKED_HOST_FACTOR`): the ring's latency carried over more steps, unchecked;
+  calibrated hosts, `CHECKED_HOST_FACTOR`): the ring's latency carried over more steps,
+  unchecked, and the calibrated bus bandwidth taken to hold, which large fabrics do not
+  promise (`FABRIC_AT_SCALE`: the two collected lost 12-54% of it at 256-540 servers);
 - an algorithm NCCL's tuner would run at the target (`nccl_model.nccl_choice` on the target's
   topology) for sizes where, at the calibrated shape, it ran another: that algorithm's time at
   the target is the projection's model of it, not a scaled measurement;
@@ -34,6 +36,11 @@ if TYPE_CHECKING:  # cluster.py calls reach_notes for its projections' notes
 
 CHECKED_HOST_FACTOR = 4  # bench/projection_scales.py's real series: 2 -> 8 hosts at most
 OUTSIDE = "OUTSIDE THE CALIBRATION"
+# What the collected series (docs/sweeps.md) say of that assumption at hundreds of servers.
+FABRIC_AT_SCALE = ("Both fabrics collected at hundreds of servers broke it (bus bandwidth from "
+                   "the time per byte between the two largest sizes): ALCF Polaris 36.4 GB/s "
+                   "on 8 servers, 32.1 on 256, 30.1 on 540 (NCCL 2.21; 19.0 with 2.18); CSCS "
+                   "Alps 92-94 GB/s on 4 to 64 servers, 43-80 on 512")
 SIZES = [float(2**k) for k in range(20, 34)]  # 1 MiB to 8 GiB, nccl-tests' usual range
 
 
@@ -107,7 +114,8 @@ def reach_notes(cluster: Cluster, gpus: Sequence[int],
         notes.append(f"{OUTSIDE}: up to {max(far)} servers, {max(far) / h0:.0f}x the "
                      f"calibrated {h0}; real series checked projections up to "
                      f"{CHECKED_HOST_FACTOR}x (bench/projection_scales.py): beyond, the ring's "
-                     "and tree's latencies are carried over more steps unchecked")
+                     "and tree's latencies are carried over more steps unchecked, and the "
+                     f"calibrated bus bandwidth is assumed to hold. {FABRIC_AT_SCALE}")
     if any("NVIDIA" in device.upper() for device in cal.devices):  # NCCL ran it, not gloo
         notes += _algorithm_notes(cluster, gpus, [s for s in (sizes or SIZES) if s >= MIB])
     top = float(cal.curve.sizes[-1])
