@@ -27,7 +27,9 @@ Parts:
               neighbour's bytes per uplink and step), the job grows (2 x 1, 4 x 1, 4 x 2,
               4 x 4); at 2 nodes each rack's one node sends both of its rack's neighbour
               flows. Writes OUT/neighbour.json and OUT/neighbour.png (about 15 minutes a
-              GPU count)
+              GPU count); with --mix, the realistic mix: the neighbour and every compute
+              mechanism at once (the scaled preset's `mix`, stalls from 5 ms against 40 ms
+              of compute), OUT/neighbour-mix.json and .png
     attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
               link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
               must name 'stall' for the first and 'network' for the second
@@ -194,10 +196,11 @@ def part_run(out: Path, *, preset: str, iterations: int,
 NEIGHBOUR = Path(__file__).resolve().parents[1] / "scenarios" / "scale"
 
 
-def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False) -> Scenario:
+def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False,
+                       mix: bool = False) -> Scenario:
     """The neighbour file with the job grown to GPUS (TOPOLOGIES), the network and the
     neighbour's load on each uplink kept: at 2 nodes the two nodes of a rack become one, which
-    sends both of its rack's neighbour flows."""
+    sends both of its rack's neighbour flows. `mix`: every compute mechanism too."""
     base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
                                       else "racks-neighbour-light.toml"))
     data = base.model_dump(mode="json", exclude_none=True)
@@ -208,25 +211,30 @@ def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False) -> Sc
             for end in ("source", "destination"):
                 flow[end] = f"n{old_racks[int(flow[end][1:])]}"
     data["topology"].update(nodes=nodes, ranks_per_node=per_node)
-    data["name"] = f"{base.name}-{gpus}gpu"
+    data["name"] = f"{base.name}{'-mix' if mix else ''}-{gpus}gpu"
     data["workload"]["iterations"] = iterations
+    if mix:
+        data["workload"]["noise"] = {**mechanisms(iterations, SCALED_STALLS)["mix"], "seed": 1}
     data.pop("expect", None)  # the file's claim is for its own 4 GPUs
     return Scenario.from_dict(data, base.path)
 
 
-def part_neighbour(out: Path, iterations: int, *, heavy: bool) -> None:
+def part_neighbour(out: Path, iterations: int, *, heavy: bool, mix: bool) -> None:
     reports = []
     for gpus in TOPOLOGIES:
-        scenario = neighbour_scenario(gpus, iterations, heavy=heavy)
+        scenario = neighbour_scenario(gpus, iterations, heavy=heavy, mix=mix)
         started = time.monotonic()
         reports.append(run_scenario(scenario, out_dir=out / "runs", progress=console.print))
         console.print(f"{scenario.name}: {reports[-1].status} in "
                       f"{time.monotonic() - started:.0f} s "
                       f"{reports[-1].refused or reports[-1].error or ''}")
     document = results_document(reports)
-    save(document, out / "neighbour.json")
-    plot_jitter_by_gpus(document.scenarios, out / "neighbour.png",
-                        "a neighbour job on 2:1 uplinks: spread and pace per iteration vs GPUs")
+    name = "neighbour-mix" if mix else "neighbour"
+    save(document, out / f"{name}.json")
+    plot_jitter_by_gpus(document.scenarios, out / f"{name}.png",
+                        "a neighbour job on 2:1 uplinks" + (" and every compute mechanism"
+                                                            if mix else "")
+                        + ": spread and pace per iteration vs GPUs")
 
 
 def part_attribution(out: Path, iterations: int) -> None:
@@ -278,6 +286,8 @@ def main() -> None:
                         help="run only these (light, stalls, gpu, episode, mix)")
     parser.add_argument("--heavy", action="store_true",
                         help="neighbour: the 20 MB neighbour (racks-neighbour.toml)")
+    parser.add_argument("--mix", action="store_true",
+                        help="neighbour: with every compute mechanism too (the realistic mix)")
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
     if args.part == "model":
@@ -290,7 +300,7 @@ def main() -> None:
         part_run(args.out, preset="resnet50" if args.full else args.preset,
                  iterations=args.iterations, only=args.mechanisms)
     if args.part == "neighbour":
-        part_neighbour(args.out, args.iterations, heavy=args.heavy)
+        part_neighbour(args.out, args.iterations, heavy=args.heavy, mix=args.mix)
     if args.part == "attribution":
         part_attribution(args.out, args.iterations)
     part_table(args.out)
