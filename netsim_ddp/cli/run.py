@@ -236,16 +236,17 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
         _fail(f"{file}: workload.command: `host` runs the built-in loop only; run a script "
               "on one host's emulated network with `netsim-ddp launch`", EXIT_BAD_INPUT)
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
+    # A folder of this agent's own, as for `run`: a reused --out never replays old files.
+    folder = run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve()
     options = HostOptions(
         scenario=scenario, node_rank=node_rank, nnodes=nnodes, master_addr=master_addr,
         master_port=master_port, nic=nic, iterations=iterations, timeout_s=timeout_s,
-        # A folder of this agent's own, as for `run`: a reused --out never replays old files.
-        out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
-        join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
+        out_dir=folder, join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
         allow_untrusted=allow_untrusted, ingress=not no_ingress)
     _run_agent(lambda: run_host(options, progress=lambda message: err.print(escape(message))),
                scenario, session, json_out, first=node_rank == 0,
-               member=options.node_name, leader="node 0")
+               member=options.node_name, leader="node 0",
+               temporary=None if out_dir else folder)
 
 
 def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: float,
@@ -294,24 +295,26 @@ def machine(file: str, machine_rank: int, machines: int, master_addr: str, maste
 
     (scenario,) = _load_all((file,), host_check=False)  # the agent checks this machine's share
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
+    folder = run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve()
     options = MachineOptions(
         scenario=scenario, machine_rank=machine_rank, machines=machines,
         master_addr=master_addr, master_port=master_port, nic=nic, iterations=iterations,
-        timeout_s=timeout_s,
-        out_dir=run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve(),
-        join_timeout_s=join_timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
-        allow_untrusted=allow_untrusted)
+        timeout_s=timeout_s, out_dir=folder, join_timeout_s=join_timeout_s,
+        heartbeat_timeout_s=heartbeat_timeout_s, allow_untrusted=allow_untrusted)
     _run_agent(lambda: run_machine(options, progress=lambda message: err.print(escape(message))),
                scenario, session, json_out, first=machine_rank == 0,
-               member=f"machine {machine_rank}", leader="machine 0")
+               member=f"machine {machine_rank}", leader="machine 0",
+               temporary=None if out_dir else folder)
 
 
 def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, *, first: bool,
-               member: str, leader: str) -> NoReturn:
+               member: str, leader: str, temporary: Path | None) -> NoReturn:
     """`host` and `machine` alike: the agent's run, then the leader's report (and gate), or a
-    follower's word that the job finished."""
+    follower's word that the job finished. `temporary`: the agent's folder when no --out named
+    one, removed unless the run failed or erred."""
     from netsim_ddp.fabric import FabricError
     from netsim_ddp.run.host_options import HostConfigError, HostError
+    from netsim_ddp.run.runner import remove_when_done
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
     from netsim_ddp.workload import WorkloadError
 
@@ -328,6 +331,7 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
         _fail(str(exc), EXIT_FAILED)
     if isinstance(outcome, str):  # a follower: the verdict is the leader's to report
         out.print(f"{member}: job finished ({outcome}); {leader} reports the results")
+        remove_when_done(temporary, outcome)
         sys.exit(EXIT_OK if outcome == "passed" else EXIT_FAILED)
     if outcome.error:
         err.print(f"[red]{scenario.name}: error[/]: {escape(outcome.error)}", soft_wrap=True)
@@ -337,6 +341,8 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
         if session.baseline is not None:
             outcome.checks.extend(session.gate(outcome))
         _print_report(human, outcome)
+    if remove_when_done(temporary, outcome.status):
+        outcome.out_dir = None
     session.reports.append(outcome)
     session.finish()
     _write_json(json_out, session.document().dump())

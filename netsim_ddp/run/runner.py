@@ -119,11 +119,18 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     """One run at one dilation; a temporary folder (no out_dir) is removed unless the run
     failed or erred, whose logs someone will read."""
     report = _run_in_folder(scenario, dilation, out_dir=out_dir, **kwargs)
-    if out_dir is None and report.out_dir is not None and report.status in ("passed",
-                                                                            "refused"):
-        shutil.rmtree(report.out_dir, ignore_errors=True)
+    if out_dir is None and remove_when_done(report.out_dir, report.status):
         report.out_dir = None
     return report
+
+
+def remove_when_done(temporary: Path | None, status: str) -> bool:
+    """Remove a run's temporary folder (none given: nothing) once nobody will read it: the run
+    passed or was refused. A failed or erred run keeps its logs. True if removed."""
+    if temporary is None or status not in ("passed", "refused"):
+        return False
+    shutil.rmtree(temporary, ignore_errors=True)
+    return True
 
 
 def _run_in_folder(scenario: Scenario, dilation: float, *, out_dir: Path | None,

@@ -203,3 +203,15 @@ def test_the_root_cause_is_a_ranks_own_error_before_any_echo_of_it(tmp_path):
     report = failure_report([Node("n0"), Node("n1")], tmp_path, failed=[0, 1])
     assert report.startswith("node n1 failed first: RuntimeError: factory exploded on purpose")
     assert "also failed: node n0: RuntimeError: [pair.cc:553] Connection closed" in report
+
+
+@pytest.mark.parametrize(("status", "kept"), [("passed", False), ("failed", True)])
+def test_an_agents_temporary_folder_goes_with_its_finished_job(temp_root, status, kept):
+    # `netsim-ddp host` / `machine` without --out: a follower hears the leader's verdict.
+    from netsim_ddp.cli import run as cli_run
+
+    folder = run_folder(None, "eeeeee")
+    with pytest.raises(SystemExit):
+        cli_run._run_agent(lambda: status, None, None, None, first=False, member="n1",
+                           leader="n0", temporary=folder)
+    assert folder.exists() is kept
