@@ -26,7 +26,7 @@ Parts:
               with --heavy): the network and the neighbour stay (2 racks, 2:1 uplinks, the
               neighbour's bytes per uplink and step), the job grows (2 x 1, 4 x 1, 4 x 2,
               4 x 4); at 2 nodes each rack's one node sends both of its rack's neighbour
-              flows. Writes OUT/neighbour.json and OUT/neighbour.png (about 15 minutes a
+              flows. Writes OUT/neighbour.json and OUT/neighbour.png (8-12 minutes a
               GPU count); with --mix, the realistic mix: the neighbour and every compute
               mechanism at once (the scaled preset's `mix`, stalls from 5 ms against 40 ms
               of compute), OUT/neighbour-mix.json and .png
