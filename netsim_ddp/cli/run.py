@@ -321,13 +321,16 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     human = _human(json_out)
     try:
         outcome = run()
-    except HostConfigError as exc:  # refused before anything changed
+    except HostConfigError as exc:  # refused before anything changed or ran
+        remove_when_done(temporary, "refused")
         _fail(str(exc), EXIT_BAD_INPUT)
     except HostError as exc:
         if not first:
+            remove_when_done(temporary, "error")
             _fail(str(exc), EXIT_FAILED)
         outcome = ScenarioReport(scenario, error=str(exc))
     except (FabricError, WorkloadError) as exc:
+        remove_when_done(temporary, "error")  # only if nothing was written there
         _fail(str(exc), EXIT_FAILED)
     if isinstance(outcome, str):  # a follower: the verdict is the leader's to report
         out.print(f"{member}: job finished ({outcome}); {leader} reports the results")

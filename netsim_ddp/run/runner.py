@@ -126,8 +126,11 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
 
 def remove_when_done(temporary: Path | None, status: str) -> bool:
     """Remove a run's temporary folder (none given: nothing) once nobody will read it: the run
-    passed or was refused. A failed or erred run keeps its logs. True if removed."""
-    if temporary is None or status not in ("passed", "refused"):
+    passed or was refused, or the folder is empty. A failed or erred run keeps its logs. True
+    if removed."""
+    if temporary is None or not temporary.is_dir():
+        return False
+    if status not in ("passed", "refused") and any(temporary.iterdir()):
         return False
     shutil.rmtree(temporary, ignore_errors=True)
     return True

@@ -156,12 +156,13 @@ def _unshaped_bypass(fabric):
         ipr.route("add", dst=f"{n0.address}/32", oif=index)
 
 
-def test_a_bypass_of_the_shaped_links_fails_the_crossing_check():
+def test_a_bypass_of_the_shaped_links_fails_the_crossing_check(tmp_path):
     # Both guards in one run: the probe finds the unshaped path faster than the link can carry
     # (refused, unless allowed as here), and the trained modes' bytes are not on the links.
+    # (A failed run keeps its folder: tmp_path, not /tmp.)
     report = run_scenario(scenario(modes=("fp32", "amp-fp16"), iterations=3,
                                    fidelity={"attempts": 1}), on_built=_unshaped_bypass,
-                          allow_untrusted=True)
+                          allow_untrusted=True, out_dir=tmp_path)
     assert report.status == "failed"
     checks = {check.name: check for check in report.checks}
     assert not checks["fidelity"].passed
@@ -210,14 +211,14 @@ def test_profiler_agrees_with_exposed_comm_time(tmp_path):
     assert 1 / 1.5 <= ratio <= 1.5, f"collective_s / profiler all-reduce per step: {ratios}"
 
 
-def test_a_crashing_rank_ends_the_run_and_leaves_nothing(monkeypatch):
+def test_a_crashing_rank_ends_the_run_and_leaves_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(ROOT / "tests" / "workload"))
     names_before = fabric_namespaces()
     broken = scenario(modes=("fp32",), fidelity={"enabled": False})
     broken = broken.model_copy(update={"workload": broken.workload.model_copy(
         update={"model": "workload_factories:explode_on_rank1"})})
     with pytest.raises(WorkloadError, match=r"node n1 failed first(.|\n)*exploded on purpose"):
-        run_scenario(broken, timeout_s=120)
+        run_scenario(broken, timeout_s=120, out_dir=tmp_path)  # its logs stay: tmp_path
     assert fabric_namespaces() <= names_before  # none of ours left (others may have ended)
 
 

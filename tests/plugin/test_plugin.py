@@ -59,8 +59,10 @@ def test_scenario_files_are_tests_with_verdicts_and_reports(pytester):
         [sweep]
         nodes = [1, 2]
     """))
+    # --netsim-out: the false claim's failed run keeps its folder, here rather than in /tmp.
     result = pytester.runpytest_subprocess("scenarios", "-rs", "--junitxml=junit.xml",
-                                           "--netsim-json=results.json", "-m", "netsim")
+                                           "--netsim-json=results.json", "-m", "netsim",
+                                           "--netsim-out=runs")
     document = json.loads((pytester.path / "results.json").read_text())
     assert document["sweeps"][0]["status"] == "refused"
     result.assert_outcomes(passed=1, failed=1, skipped=1)

@@ -215,3 +215,12 @@ def test_an_agents_temporary_folder_goes_with_its_finished_job(temp_root, status
         cli_run._run_agent(lambda: status, None, None, None, first=False, member="n1",
                            leader="n0", temporary=folder)
     assert folder.exists() is kept
+
+
+def test_an_empty_temporary_folder_goes_whatever_the_outcome(temp_root):
+    # An agent refused or broken before anything ran wrote nothing there to read.
+    empty, written = run_folder(None, "ffffff"), run_folder(None, "gggggg")
+    (written / "logs").mkdir()
+    assert runner.remove_when_done(empty, "error") and not empty.exists()
+    assert not runner.remove_when_done(written, "error") and written.exists()
+    assert not runner.remove_when_done(None, "passed")
