@@ -211,6 +211,7 @@ def test_an_agents_temporary_folder_goes_with_its_finished_job(temp_root, status
     from netsim_ddp.cli import run as cli_run
 
     folder = run_folder(None, "eeeeee")
+    (folder / "train").mkdir()  # the ranks' logs
     with pytest.raises(SystemExit):
         cli_run._run_agent(lambda: status, None, None, None, first=False, member="n1",
                            leader="n0", temporary=folder)
