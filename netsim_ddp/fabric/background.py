@@ -302,26 +302,28 @@ class BackgroundTraffic:
     def stop_ends(self) -> list[EndReport]:
         """Stop the ends started here; each one's report (see stop)."""
         running, self._running = self._running, []
-        _stop(sorted(running, key=lambda end: end.kind != "sender"))  # senders first
-        reports, missing = [], []
-        for end in running:
-            try:
-                data = json.loads(end.report.read_text())
-                report = EndReport.from_dict({**data, "flow": end.flow, "kind": end.kind,
-                                              "role": end.role})
-            except (OSError, ValueError, KeyError, TypeError):
-                missing.append(self._why(end))
-                continue
-            if not report.points:  # a sink that never had a connection
-                missing.append(f"{end.role} (no samples: it never carried the flow)")
-            elif end.process.returncode not in (0, -signal.SIGTERM):
-                missing.append(self._why(end))
-            reports.append(report)
-        problems = [self._why(end) + " had died before the end"
-                    for end in running if end.died] + missing
-        if self._reports_folder is not None:
-            shutil.rmtree(self._reports_folder, ignore_errors=True)
-            self._reports_folder = None
+        try:
+            _stop(sorted(running, key=lambda end: end.kind != "sender"))  # senders first
+            reports, missing = [], []
+            for end in running:
+                try:
+                    data = json.loads(end.report.read_text())
+                    report = EndReport.from_dict({**data, "flow": end.flow, "kind": end.kind,
+                                                  "role": end.role})
+                except (OSError, ValueError, KeyError, TypeError):
+                    missing.append(self._why(end))
+                    continue
+                if not report.points:  # a sink that never had a connection
+                    missing.append(f"{end.role} (no samples: it never carried the flow)")
+                elif end.process.returncode not in (0, -signal.SIGTERM):
+                    missing.append(self._why(end))
+                reports.append(report)
+            problems = [self._why(end) + " had died before the end"
+                        for end in running if end.died] + missing
+        finally:  # whatever broke above (an interrupt included), the folder goes
+            if self._reports_folder is not None:
+                shutil.rmtree(self._reports_folder, ignore_errors=True)
+                self._reports_folder = None
         if problems:
             raise BackgroundError(f"background traffic: {'; '.join(problems)}: its bytes cannot "
                                   "be told from the training's")
