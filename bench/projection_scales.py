@@ -88,6 +88,7 @@ MORE_ROWS = (
     # (SOURCES.md says where each file comes from and how it was cut).
     ("alps-gh200-ofi1.13.0-4x4", "alps-gh200-ofi1.13.0-16x4", 4, 200e9, None),
     ("alps-gh200-ofi1.13.0-4x4", "alps-gh200-ofi1.13.0-64x4", 4, 200e9, None),
+    ("alps-gh200-ofi1.13.0-16x4", "alps-gh200-ofi1.13.0-64x4", 4, 200e9, None),
     ("alps-gh200-ofi1.13.0-16x4", "alps-gh200-ofi1.13.0-128x4", 4, 200e9, None),
     ("alps-gh200-ofi1.9.2-4x4", "alps-gh200-ofi1.9.2-32x4", 4, 200e9, None),
     ("alcf-polaris-a100-nccl2.21-setup5-2x4", "alcf-polaris-a100-nccl2.21-setup5-8x4", 2,
