@@ -226,9 +226,13 @@ class BackgroundTraffic:
     @property
     def _reports(self) -> Path:
         """The ends' report files' folder, made when the first end starts: one made here
-        and never used would outlive the object."""
+        and never used would outlive the object. Beside the signals (inside the run's folder)
+        where there are any, so a run killed before stop_ends leaves it with the run's logs,
+        not loose in /tmp."""
         if self._reports_folder is None:
-            self._reports_folder = Path(tempfile.mkdtemp(prefix="netsim-ddp-background-"))
+            self._reports_folder = Path(tempfile.mkdtemp(
+                prefix="netsim-ddp-background-",
+                dir=None if self.signals is None else self.signals.parent))
         return self._reports_folder
 
     def __enter__(self) -> BackgroundTraffic:

@@ -134,6 +134,19 @@ def test_background_traffic_makes_no_folder_before_an_end_starts(temp_root):
     assert list(temp_root.iterdir()) == []
 
 
+def test_background_reports_sit_in_the_run_folder_beside_the_signals(temp_root, tmp_path):
+    # In /tmp, a run killed before it stopped its flows (SIGKILL: no finally runs) left the
+    # folder loose there, one per full test run; in the run's folder it stays with its logs.
+    signals = tmp_path / "run" / "signals"
+    signals.mkdir(parents=True)
+    traffic = BackgroundTraffic(None, [], signals=signals)
+    folder = traffic._reports
+    assert folder.parent == signals.parent and folder.is_dir()
+    assert list(temp_root.iterdir()) == []
+    traffic.stop()
+    assert not folder.exists()
+
+
 def test_background_traffic_refuses_an_earlier_runs_signals(tmp_path):
     (tmp_path / "start-fp32").touch()
     with pytest.raises(ValueError, match="earlier run's signals"):
