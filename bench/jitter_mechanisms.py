@@ -177,20 +177,27 @@ def part_run(out: Path, *, preset: str, iterations: int,
     chosen = {name: noise for name, noise in chosen.items() if not only or name in only}
     counts = [2, 16] if preset == "small" else list(TOPOLOGIES)
     for mechanism, noise in chosen.items():
-        reports = []
-        for gpus in counts:
-            scenario = _scenario(mechanism, noise, gpus, preset=preset, iterations=iterations)
-            started = time.monotonic()
-            report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
-            console.print(f"{scenario.name}: {report.status} in "
-                          f"{time.monotonic() - started:.0f} s "
-                          f"{report.refused or report.error or ''}; the generator alone "
-                          f"predicts fp32 sd {predicted_sd(scenario) * 1e3:.1f} ms")
-            reports.append(report)
-        document = results_document(reports)
-        save(document, out / f"{mechanism}.json")
-        plot_jitter_by_gpus(document.scenarios, out / f"{mechanism}.png",
-                            f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
+        scenarios = [_scenario(mechanism, noise, gpus, preset=preset, iterations=iterations)
+                     for gpus in counts]
+        _run_and_plot(out, mechanism, scenarios,
+                      f"{mechanism}: spread and pace per iteration vs GPUs (10GbE)")
+
+
+def _run_and_plot(out: Path, name: str, scenarios: list[Scenario], title: str) -> None:
+    """Run each scenario (one line each: status, host time, the generator's predicted sd),
+    then save OUT/NAME.json and plot OUT/NAME.png."""
+    reports = []
+    for scenario in scenarios:
+        started = time.monotonic()
+        report = run_scenario(scenario, out_dir=out / "runs", progress=console.print)
+        console.print(f"{scenario.name}: {report.status} in "
+                      f"{time.monotonic() - started:.0f} s "
+                      f"{report.refused or report.error or ''}; the generator alone "
+                      f"predicts fp32 sd {predicted_sd(scenario) * 1e3:.1f} ms")
+        reports.append(report)
+    document = results_document(reports)
+    save(document, out / f"{name}.json")
+    plot_jitter_by_gpus(document.scenarios, out / f"{name}.png", title)
 
 
 NEIGHBOUR = Path(__file__).resolve().parents[1] / "scenarios" / "scale"
@@ -220,21 +227,12 @@ def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False,
 
 
 def part_neighbour(out: Path, iterations: int, *, heavy: bool, mix: bool) -> None:
-    reports = []
-    for gpus in TOPOLOGIES:
-        scenario = neighbour_scenario(gpus, iterations, heavy=heavy, mix=mix)
-        started = time.monotonic()
-        reports.append(run_scenario(scenario, out_dir=out / "runs", progress=console.print))
-        console.print(f"{scenario.name}: {reports[-1].status} in "
-                      f"{time.monotonic() - started:.0f} s "
-                      f"{reports[-1].refused or reports[-1].error or ''}")
-    document = results_document(reports)
-    name = "neighbour-mix" if mix else "neighbour"
-    save(document, out / f"{name}.json")
-    plot_jitter_by_gpus(document.scenarios, out / f"{name}.png",
-                        "a neighbour job on 2:1 uplinks" + (" and every compute mechanism"
-                                                            if mix else "")
-                        + ": spread and pace per iteration vs GPUs")
+    scenarios = [neighbour_scenario(gpus, iterations, heavy=heavy, mix=mix)
+                 for gpus in TOPOLOGIES]
+    _run_and_plot(out, "neighbour-mix" if mix else "neighbour", scenarios,
+                  "a neighbour job on 2:1 uplinks" + (" and every compute mechanism" if mix
+                                                      else "")
+                  + ": spread and pace per iteration vs GPUs")
 
 
 def part_attribution(out: Path, iterations: int) -> None:
