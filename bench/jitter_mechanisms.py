@@ -29,7 +29,9 @@ Parts:
               flows. Writes OUT/neighbour.json and OUT/neighbour.png (8-12 minutes a
               GPU count); with --mix, the realistic mix: the neighbour and every compute
               mechanism at once (the scaled preset's `mix`, stalls from 5 ms against 40 ms
-              of compute), OUT/neighbour-mix.json and .png
+              of compute), OUT/neighbour-mix.json and .png; with --racks R, the job grown by
+              racks instead: R racks of 2 nodes at 1 and 2 ranks per node, each uplink
+              meeting the same neighbour (OUT/neighbour-Rracks.json and .png)
     attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
               link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
               must name 'stall' for the first and 'network' for the second
@@ -226,7 +228,44 @@ def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False,
     return Scenario.from_dict(data, base.path)
 
 
-def part_neighbour(out: Path, iterations: int, *, heavy: bool, mix: bool) -> None:
+def neighbour_by_racks(racks: int, ranks_per_node: int, iterations: int, *,
+                       heavy: bool = False) -> Scenario:
+    """The neighbour file's racks of 2 nodes, grown to RACKS racks (`--racks`): each rack's
+    uplink meets the same neighbour (two of its bursts out and two in per step: rack i's
+    first node sends to rack i+1's second, its second to rack i-1's first, staggered by a
+    quarter step as the file's are; at 2 racks exactly the file's four flows) and carries the
+    ring's one crossing each way, as at 2 racks. What grows is the number of uplinks a step
+    waits on."""
+    base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
+                                      else "racks-neighbour-light.toml"))
+    data = base.model_dump(mode="json", exclude_none=True)
+    template = data["background"][0]
+    flows = []
+    for rack in range(racks):
+        first, second = 2 * rack, 2 * rack + 1
+        offset = 50 * (rack % 2)
+        flows.append({**template, "source": f"n{first}",
+                      "destination": f"n{2 * ((rack + 1) % racks) + 1}", "start": f"{offset}ms"})
+        flows.append({**template, "source": f"n{second}",
+                      "destination": f"n{2 * ((rack - 1) % racks)}",
+                      "start": f"{offset + 25}ms"})
+    data["background"] = flows
+    data["topology"].update(nodes=2 * racks, racks=racks, ranks_per_node=ranks_per_node)
+    data["name"] = f"{base.name}-{racks}racks-{2 * racks * ranks_per_node}gpu"
+    data["workload"]["iterations"] = iterations
+    data.pop("expect", None)  # the file's claim is for its own 2 racks
+    return Scenario.from_dict(data, base.path)
+
+
+def part_neighbour(out: Path, iterations: int, *, heavy: bool, mix: bool,
+                   racks: int | None = None) -> None:
+    if racks is not None:  # grown by racks: 2 nodes each, 1 and 2 ranks per node
+        scenarios = [neighbour_by_racks(racks, ranks, iterations, heavy=heavy)
+                     for ranks in (1, 2)]
+        _run_and_plot(out, f"neighbour-{racks}racks", scenarios,
+                      f"a neighbour job on 2:1 uplinks, {racks} racks: spread and pace per "
+                      "iteration vs GPUs")
+        return
     scenarios = [neighbour_scenario(gpus, iterations, heavy=heavy, mix=mix)
                  for gpus in TOPOLOGIES]
     _run_and_plot(out, "neighbour-mix" if mix else "neighbour", scenarios,
@@ -286,6 +325,9 @@ def main() -> None:
                         help="neighbour: the 20 MB neighbour (racks-neighbour.toml)")
     parser.add_argument("--mix", action="store_true",
                         help="neighbour: with every compute mechanism too (the realistic mix)")
+    parser.add_argument("--racks", type=int, default=None,
+                        help="neighbour: grow the job by racks instead (RACKS racks of 2 nodes, "
+                             "1 and 2 ranks per node; not with --mix)")
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
     if args.part == "model":
@@ -298,7 +340,10 @@ def main() -> None:
         part_run(args.out, preset="resnet50" if args.full else args.preset,
                  iterations=args.iterations, only=args.mechanisms)
     if args.part == "neighbour":
-        part_neighbour(args.out, args.iterations, heavy=args.heavy, mix=args.mix)
+        if args.racks is not None and (args.mix or args.racks < 2):
+            parser.error("--racks needs 2 or more racks, and not --mix")
+        part_neighbour(args.out, args.iterations, heavy=args.heavy, mix=args.mix,
+                       racks=args.racks)
     if args.part == "attribution":
         part_attribution(args.out, args.iterations)
     part_table(args.out)
