@@ -30,7 +30,7 @@ Parts:
               GPU count); with --mix, the realistic mix: the neighbour and every compute
               mechanism at once (the scaled preset's `mix`, stalls from 5 ms against 40 ms
               of compute), OUT/neighbour-mix.json and .png; with --racks R, the job grown by
-              racks instead: R racks of 2 nodes at 1 and 2 ranks per node, each uplink
+              racks instead: R racks of 2 nodes at --ranks per node (1 2), each uplink
               meeting the same neighbour (OUT/neighbour-Rracks.json and .png)
     attribution  two 2-GPU runs, one with stalls only (p = 5%), one with light noise and
               link flaps only ([[link.schedule]] down 100 ms, four times): the tail table
@@ -258,10 +258,10 @@ def neighbour_by_racks(racks: int, ranks_per_node: int, iterations: int, *,
 
 
 def part_neighbour(out: Path, iterations: int, *, heavy: bool, mix: bool,
-                   racks: int | None = None) -> None:
-    if racks is not None:  # grown by racks: 2 nodes each, 1 and 2 ranks per node
-        scenarios = [neighbour_by_racks(racks, ranks, iterations, heavy=heavy)
-                     for ranks in (1, 2)]
+                   racks: int | None = None, ranks: tuple[int, ...] = (1, 2)) -> None:
+    if racks is not None:  # grown by racks: 2 nodes each
+        scenarios = [neighbour_by_racks(racks, per_node, iterations, heavy=heavy)
+                     for per_node in ranks]
         _run_and_plot(out, f"neighbour-{racks}racks", scenarios,
                       f"a neighbour job on 2:1 uplinks, {racks} racks: spread and pace per "
                       "iteration vs GPUs")
@@ -327,7 +327,9 @@ def main() -> None:
                         help="neighbour: with every compute mechanism too (the realistic mix)")
     parser.add_argument("--racks", type=int, default=None,
                         help="neighbour: grow the job by racks instead (RACKS racks of 2 nodes, "
-                             "1 and 2 ranks per node; not with --mix)")
+                             "--ranks per node; not with --mix)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2],
+                        help="neighbour --racks: the ranks per node to run (default 1 2)")
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
     if args.part == "model":
@@ -343,7 +345,7 @@ def main() -> None:
         if args.racks is not None and (args.mix or args.racks < 2):
             parser.error("--racks needs 2 or more racks, and not --mix")
         part_neighbour(args.out, args.iterations, heavy=args.heavy, mix=args.mix,
-                       racks=args.racks)
+                       racks=args.racks, ranks=tuple(args.ranks))
     if args.part == "attribution":
         part_attribution(args.out, args.iterations)
     part_table(args.out)

@@ -137,6 +137,7 @@ class Fabric:
             for node in plan.nodes:
                 self._build_node(plan, node)
                 self._set_tcp(node)
+            self._build_uplinks(plan)
             for node in plan.nodes:
                 if node.delay_backend == "delay-line":
                     self._start_delay_line(stack, node, rt_priority=10 if mode == "root" else 0)
@@ -190,8 +191,16 @@ class Fabric:
         ipr.link("add", index=BRIDGE_INDEX, ifname=plan.bridge, kind="bridge", mtu=plan.mtu)
         ipr.link("set", index=BRIDGE_INDEX, state="up")
         for rack in plan.racks:  # the fabric's bridge is then the spine
+            ipr.link("add", index=RACK_BRIDGE_INDEX + rack.index, ifname=rack.bridge,
+                     kind="bridge", mtu=plan.mtu)
+
+    def _build_uplinks(self, plan: FabricPlan) -> None:
+        """Each rack's uplink, after the node ports: its spine end takes the kernel's next free
+        index, which made before them ran into the ports' (3, 4, ... reached port 10 at 8
+        racks: 'File exists')."""
+        ipr = self._iproutes[plan.switch_netns]
+        for rack in plan.racks:
             bridge, up = RACK_BRIDGE_INDEX + rack.index, UPLINK_INDEX + rack.index
-            ipr.link("add", index=bridge, ifname=rack.bridge, kind="bridge", mtu=plan.mtu)
             ipr.link("add", index=up, ifname=rack.up, kind="veth", mtu=plan.mtu,
                      peer={"ifname": rack.down, "mtu": plan.mtu})
             down = ipr.link("get", ifname=rack.down)[0]["index"]

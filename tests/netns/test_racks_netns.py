@@ -139,3 +139,21 @@ def test_each_connections_losses_are_the_jobs_or_the_neighbours():
     # Each connection is named by whose process holds it, in the node it sends from.
     assert all(name.startswith(("job n0->n3 ", "job n3->n0 ", "neighbour n1->n2 ",
                                 "neighbour n2->n1 ")) for name in sampler.samples), grown
+
+
+def test_eight_racks_build_and_carry_traffic_between_the_farthest():
+    # Built before the node ports, the racks' spine ends took the kernel's next free indexes
+    # (3, 4, ...): at 8 racks the eighth took 10, node 0's port, and the build failed with
+    # 'File exists'.
+    scenario = Scenario.from_dict({"name": "racks8", "topology": {
+        "nodes": 16, "racks": 8, "uplink": {"rate": "200mbit"}}, "link": {"rate": "400mbit"}})
+    with Fabric(scenario) as fabric:
+        first, last = fabric.nodes[0], fabric.nodes[-1]
+        before = fabric.uplink_counters()
+        (goodput,) = measure_goodputs([(first, last)], 0.5)
+        after = fabric.uplink_counters()
+    assert set(after) == {f"r{rack} {way}" for rack in range(8) for way in ("up", "down")}
+    moved = {name: after[name]["bytes"] - before[name]["bytes"] for name in after}
+    # n0 (rack 0) -> n15 (rack 7): across r0's uplink and r7's, at most the uplink's rate.
+    assert moved["r0 up"] > goodput * 0.5 / 8 and moved["r7 down"] > goodput * 0.5 / 8
+    assert 0 < goodput <= 1.03 * 200e6
