@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from bounded_run import run_bounded
 
+from netsim_ddp.fabric.naming import user_lock_dir
 from netsim_ddp.plugin import lacks_fabric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,9 +122,12 @@ def _user_python(user: UnprivilegedUser) -> str:
 def unprivileged_user() -> Iterator[UnprivilegedUser]:
     _skip_unless_possible()
     top = Path(tempfile.mkdtemp(prefix="netsim-ddp-unprivileged-"))
+    locks: Path | None = None  # the user's lock folder, where these tests made it
     try:
         top.chmod(0o755)
         user = UnprivilegedUser(top)
+        if not (found := user_lock_dir(user.uid)).exists():
+            locks = found
         for _, mountpoint in user.binds:
             mountpoint.mkdir()
         for folder in (user.work, user.home):
@@ -155,3 +159,5 @@ def unprivileged_user() -> Iterator[UnprivilegedUser]:
         mounted = [str(path) for path in top.iterdir() if os.path.ismount(path)]
         assert not mounted, f"bind mounts leaked into this mount namespace: {mounted}"
         shutil.rmtree(top)
+        if locks is not None:  # made by the user's runs here: it would outlive the session
+            shutil.rmtree(locks, ignore_errors=True)
