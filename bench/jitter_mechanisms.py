@@ -205,14 +205,23 @@ def _run_and_plot(out: Path, name: str, scenarios: list[Scenario], title: str) -
 NEIGHBOUR = Path(__file__).resolve().parents[1] / "scenarios" / "scale"
 
 
+def _neighbour_file(iterations: int, heavy: bool) -> tuple[Scenario, dict[str, Any]]:
+    """The shipped neighbour file (the heavier one with `heavy`) and its data to grow: its
+    measured iterations set, its claim dropped (it is for the file's own job)."""
+    base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
+                                      else "racks-neighbour-light.toml"))
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["workload"]["iterations"] = iterations
+    data.pop("expect", None)
+    return base, data
+
+
 def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False,
                        mix: bool = False) -> Scenario:
     """The neighbour file with the job grown to GPUS (TOPOLOGIES), the network and the
     neighbour's load on each uplink kept: at 2 nodes the two nodes of a rack become one, which
     sends both of its rack's neighbour flows. `mix`: every compute mechanism too."""
-    base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
-                                      else "racks-neighbour-light.toml"))
-    data = base.model_dump(mode="json", exclude_none=True)
+    base, data = _neighbour_file(iterations, heavy)
     nodes, per_node = TOPOLOGIES[gpus]
     old_racks = base.topology.node_racks
     if nodes != base.topology.nodes:  # one node per rack: each flow from and to its rack's node
@@ -221,10 +230,8 @@ def neighbour_scenario(gpus: int, iterations: int, *, heavy: bool = False,
                 flow[end] = f"n{old_racks[int(flow[end][1:])]}"
     data["topology"].update(nodes=nodes, ranks_per_node=per_node)
     data["name"] = f"{base.name}{'-mix' if mix else ''}-{gpus}gpu"
-    data["workload"]["iterations"] = iterations
     if mix:
         data["workload"]["noise"] = {**mechanisms(iterations, SCALED_STALLS)["mix"], "seed": 1}
-    data.pop("expect", None)  # the file's claim is for its own 4 GPUs
     return Scenario.from_dict(data, base.path)
 
 
@@ -236,9 +243,7 @@ def neighbour_by_racks(racks: int, ranks_per_node: int, iterations: int, *,
     quarter step as the file's are; at 2 racks exactly the file's four flows) and carries the
     ring's one crossing each way, as at 2 racks. What grows is the number of uplinks a step
     waits on."""
-    base = Scenario.load(NEIGHBOUR / ("racks-neighbour.toml" if heavy
-                                      else "racks-neighbour-light.toml"))
-    data = base.model_dump(mode="json", exclude_none=True)
+    base, data = _neighbour_file(iterations, heavy)
     template = data["background"][0]
     flows = []
     for rack in range(racks):
@@ -252,8 +257,6 @@ def neighbour_by_racks(racks: int, ranks_per_node: int, iterations: int, *,
     data["background"] = flows
     data["topology"].update(nodes=2 * racks, racks=racks, ranks_per_node=ranks_per_node)
     data["name"] = f"{base.name}-{racks}racks-{2 * racks * ranks_per_node}gpu"
-    data["workload"]["iterations"] = iterations
-    data.pop("expect", None)  # the file's claim is for its own 2 racks
     return Scenario.from_dict(data, base.path)
 
 
