@@ -257,7 +257,7 @@ def lacks_fabric(reason: str) -> None:
 
 
 def _skip_unless_buildable() -> None:
-    from .fabric.capabilities import probe_capabilities
+    from netsim_ddp.fabric.capabilities import probe_capabilities
 
     capabilities = probe_capabilities()
     if not capabilities.can_build:
@@ -281,7 +281,7 @@ def scenario(request: pytest.FixtureRequest) -> Scenario:
 @pytest.fixture
 def fabric(scenario: Scenario) -> Iterator[Any]:
     """The scenario's network, built for the test and removed after it."""
-    from .fabric import Fabric
+    from netsim_ddp.fabric import Fabric
 
     _skip_unless_buildable()
     with Fabric(scenario) as built:
@@ -320,7 +320,7 @@ def make_fabric() -> Iterator[Callable[..., Any]]:
 
     Skips the test, saying why, where this host can build no network at all.
     """
-    from .fabric import Fabric
+    from netsim_ddp.fabric import Fabric
 
     _skip_unless_buildable()
     built: list[Fabric] = []

@@ -36,10 +36,9 @@ from pathlib import Path
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.scenario.spec import BackgroundFlow
 from netsim_ddp.scenario.units import ETHERNET_HEADER, TCP_IP_HEADERS
-
-from .errors import FabricError
 
 WIRE_HEADERS = ETHERNET_HEADER + TCP_IP_HEADERS  # what tc counts per segment besides payload
 SAMPLE_EVERY_S = 0.02

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import delayline, naming, netns, privilege
+from netsim_ddp.fabric import delayline, naming, netns, privilege
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from netsim_ddp.fabric.core import Fabric, Node
 from netsim_ddp.scenario.racks import ring_caps
 from netsim_ddp.scenario.units import header_factor
-
-from .core import Fabric, Node
 
 if TYPE_CHECKING:
     from netsim_ddp.scenario import Scenario

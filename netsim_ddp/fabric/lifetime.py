@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from . import naming, netns
-from .errors import FabricError
+from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric.errors import FabricError
 
 CLONE_NEWPID = 0x20000000
 SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}

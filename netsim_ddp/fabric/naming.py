@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import FabricError
+from netsim_ddp.fabric.errors import FabricError
 
 PREFIX = "nsd"
 SWITCH_ROLE = "sw"

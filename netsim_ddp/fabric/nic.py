@@ -37,11 +37,9 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from netsim_ddp.scenario.spec import EffectiveLink
-
-from . import naming
-from .core import signals_deferred
-from .nic_checks import (
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.core import signals_deferred
+from netsim_ddp.fabric.nic_checks import (
     NicError,
     NicInfo,
     check_may_shape,
@@ -52,7 +50,7 @@ from .nic_checks import (
     privilege_problems,
     qdisc_available_here,
 )
-from .nic_plan import (
+from netsim_ddp.fabric.nic_plan import (
     EGRESS_CHILD_HANDLE,
     EGRESS_HANDLE,
     EGRESS_NETEM_HANDLE,
@@ -62,8 +60,8 @@ from .nic_plan import (
     egress_plan,
     ingress_filters,
 )
-from .plan import tbf
-from .tc_tree import (
+from netsim_ddp.fabric.plan import tbf
+from netsim_ddp.fabric.tc_tree import (
     TC_H_INGRESS,
     NicSnapshot,
     TcRecord,
@@ -74,6 +72,7 @@ from .tc_tree import (
     root_filters,
     snapshot,
 )
+from netsim_ddp.scenario.spec import EffectiveLink
 
 # The tree's record lives in tc_tree.py, the plan in nic_plan.py.
 # The checks before shaping live in nic_checks.py (their names are handed on here); cleaning up

@@ -13,12 +13,18 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import naming, netns
-from .core import signals_deferred
-from .nic import JOB_ENV, STATE_PREFIX, NicError, NicState, _lock, _restore, _unlock
-from .tc_tree import (
-    TreeError,
+from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric.core import signals_deferred
+from netsim_ddp.fabric.nic import (
+    JOB_ENV,
+    STATE_PREFIX,
+    NicError,
+    NicState,
+    _lock,
+    _restore,
+    _unlock,
 )
+from netsim_ddp.fabric.tc_tree import TreeError
 
 
 @dataclass
@@ -195,7 +201,7 @@ def clean_nics(dry_run: bool = False, forget: str | None = None) -> NicCleanup:
     only drop the records of the NIC of that name, touching nothing else). Agents that shape
     NICs run as root: their state files are root's, and only root can tell whether an agent
     was killed and restore its NIC."""
-    from .privilege import host_root
+    from netsim_ddp.fabric.privilege import host_root
 
     if not host_root():
         return NicCleanup([], [], root_records=len(recorded_nics()))

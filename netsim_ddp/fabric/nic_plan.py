@@ -20,10 +20,9 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.plan import QdiscPlan, netem, tbf
 from netsim_ddp.scenario.spec import EffectiveLink
-
-from .errors import FabricError
-from .plan import QdiscPlan, netem, tbf
 
 # Our qdiscs' handles ("NS", "NT", "NU"): chosen so they cannot be mistaken for the NIC's own.
 EGRESS_HANDLE = 0x4E530000

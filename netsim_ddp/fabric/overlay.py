@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import netns
-from .errors import FabricError
-from .nic_checks import NicInfo
-from .plan import FabricPlan
+from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.nic_checks import NicInfo
+from netsim_ddp.fabric.plan import FabricPlan
 
 VXLAN_PORT = 4789  # IANA's
 VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 bytes

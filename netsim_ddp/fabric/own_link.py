@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 
 from netsim_ddp.common.clock import job_clock
-
-from . import naming
-from .nic_plan import EGRESS_CHILD_HANDLE, EGRESS_HANDLE
-from .qdisc_stats import basic_counts, root_qdisc
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.nic_plan import EGRESS_CHILD_HANDLE, EGRESS_HANDLE
+from netsim_ddp.fabric.qdisc_stats import basic_counts, root_qdisc
 
 NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
 

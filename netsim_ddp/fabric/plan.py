@@ -10,11 +10,10 @@ import ipaddress
 import math
 from dataclasses import dataclass, field
 
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.scenario.spec import EffectiveLink, Scenario, queue_limit_bytes
 from netsim_ddp.scenario.units import ETHERNET_HEADER
-
-from . import naming
-from .errors import FabricError
 
 # tbf refills tokens from a timer; the burst must cover a tick's worth of bytes at the rate or
 # the rate is never reached (the classic bug). CONFIG_HZ is 250 on this project's machines; a

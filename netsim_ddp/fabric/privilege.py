@@ -27,7 +27,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import naming, netns, userns
+from netsim_ddp.fabric import naming, netns, userns
 
 CAP_NET_ADMIN = 12
 # Imported, these start native thread pools (OpenBLAS, OpenMP, their own): named in the error.

@@ -26,13 +26,12 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.plan import NodePlan, QdiscPlan, egress_qdiscs, ingress_qdiscs
+from netsim_ddp.fabric.qdisc_stats import basic_counts, root_qdisc
 from netsim_ddp.scenario.spec import EffectiveLink, Scenario, queue_limit_bytes
 from netsim_ddp.scenario.units import ETHERNET_HEADER
-
-from . import netns
-from .errors import FabricError
-from .plan import NodePlan, QdiscPlan, egress_qdiscs, ingress_qdiscs
-from .qdisc_stats import basic_counts, root_qdisc
 
 FLAP_RATE_BPS = 8_000.0  # a link that is down still needs a valid tbf rate: 1 kB/s
 POLL_S = 0.001

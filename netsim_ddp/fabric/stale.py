@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import naming, netns, privilege
+from netsim_ddp.fabric import naming, netns, privilege
 
 HOST_NETNS_DIR = Path("/run/netns")
 

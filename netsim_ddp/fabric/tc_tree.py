@@ -34,7 +34,7 @@ from pyroute2.netlink import (
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS, TC_H_ROOT
 
-from . import naming
+from netsim_ddp.fabric import naming
 
 TC_H_INGRESS = 0xFFFFFFF1  # where ingress and clsact qdiscs hang
 # Qdiscs that create their classes themselves, one per queue or band.

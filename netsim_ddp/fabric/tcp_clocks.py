@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.scenario.tcp import (
     TCP_CLOCKS,
     TcpConfig,
@@ -22,8 +23,6 @@ from netsim_ddp.scenario.tcp import (
     dilated_clock,
     rto_min_s,
 )
-
-from .errors import FabricError
 
 SYSCTL_DIR = Path("/proc/sys/net/ipv4")
 RTO_MIN_SYSCTL = "tcp_rto_min_us"

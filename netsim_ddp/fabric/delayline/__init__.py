@@ -22,9 +22,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..errors import FabricError
-from .build import DelayLineBuildError, build_binary
-from .kernel import prepare_delay_namespace, redirect_reverse_path
+from netsim_ddp.fabric.delayline.build import DelayLineBuildError, build_binary
+from netsim_ddp.fabric.delayline.kernel import prepare_delay_namespace, redirect_reverse_path
+from netsim_ddp.fabric.errors import FabricError
 
 __all__ = [
     "DISTRIBUTIONS", "MAX_DELAY_S", "MAX_QUEUE_BYTES", "DelayLineBuildError", "DelayLineError",
@@ -102,7 +102,7 @@ def command(spec: DelayLineSpec, in_ifname: str, out_ifname: str, *,
     with a clock offset this much too large, as an interrupted offset sample would (the cause
     of issue 21); the forwarder must keep arrival order all the same.
     """
-    from .health import late_bound_s as default_late_bound_s
+    from netsim_ddp.fabric.delayline.health import late_bound_s as default_late_bound_s
 
     late = default_late_bound_s(spec.delay_s) if late_bound_s is None else late_bound_s
     test_hook = (["--test-offset-error-ns", str(int(test_offset_error_ns))]

@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import DelayLineError
+from netsim_ddp.fabric.delayline import DelayLineError
 
 # Bounds (README "Delay line health"). Lateness: 500 us or a quarter of the delay, whichever is
 # larger: a 500 us link whose frames leave a further 500 us late no longer is a 500 us link.

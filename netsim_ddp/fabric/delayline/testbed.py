@@ -22,8 +22,14 @@ from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
-from .. import naming, netns
-from . import DelayLineSpec, command, parse_stats, prepare_delay_namespace, wait_ready
+from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric.delayline import (
+    DelayLineSpec,
+    command,
+    parse_stats,
+    prepare_delay_namespace,
+    wait_ready,
+)
 
 IN_IFNAME, OUT_IFNAME, NODE_IFNAME = "in", "out", "eth0"
 ADDR_A, ADDR_B, PREFIXLEN = "10.77.0.1", "10.77.0.2", 24
