@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric.privilege import ensure_network_privilege
+from netsim_ddp.fabric.namespaces.privilege import ensure_network_privilege
 from netsim_ddp.measure.document import SweepRecord, load_document, save
 from netsim_ddp.run.sweep import run_sweep
 from netsim_ddp.verdicts.scenario_report import results_document

@@ -78,7 +78,7 @@ def slowed_links(fraction: float):
     """An on_built hook: every link's tbf (node egress and switch port) at (1 - fraction)."""
     from pyroute2 import IPRoute
 
-    from netsim_ddp.fabric import netns
+    from netsim_ddp.fabric.namespaces import netns
     from netsim_ddp.fabric.schedule import ETH0_INDEX, FIRST_PORT_INDEX, qdisc_changes
 
     def slow(fabric) -> None:

@@ -79,13 +79,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 
 def _enter_rootless(config: pytest.Config) -> None:
     """Without root, the session enters its user namespace now, before anything starts a
-    thread, or is started again inside it (fabric/privilege.py): later, a test module's numpy
-    would have made that impossible. Only where the session may build a network."""
-    from netsim_ddp.fabric.userns import ENV
+    thread, or is started again inside it (fabric/namespaces/privilege.py): later, a test
+    module's numpy would have made that impossible. Only where the session may build a network."""
+    from netsim_ddp.fabric.namespaces.userns import ENV
 
     if os.geteuid() == 0 and ENV not in os.environ:
         return  # root (the common case): nothing to enter, nothing to import
-    from netsim_ddp.fabric import privilege
+    from netsim_ddp.fabric.namespaces import privilege
 
     if privilege.mode() is not None or not _may_build_networks(config):
         return

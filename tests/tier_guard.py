@@ -47,9 +47,9 @@ class _TierGuard:
 
 
 class _GuardedLibc:
-    """netsim_ddp.fabric.netns's and .userns's libc, refusing to unshare or enter a namespace in
-    a unit test (every namespace the project makes, root or rootless, goes through these two
-    calls)."""
+    """netsim_ddp.fabric.namespaces.netns's and .userns's libc, refusing to unshare or enter a
+    namespace in a unit test (every namespace the project makes, root or rootless, goes through
+    these two calls)."""
 
     def __init__(self, libc, guard: _TierGuard):
         self._libc, self._guard = libc, guard
@@ -64,7 +64,7 @@ _GUARD = _TierGuard()
 
 
 def pytest_configure(config):
-    from netsim_ddp.fabric import netns, userns
+    from netsim_ddp.fabric.namespaces import netns, userns
 
     if not isinstance(netns.libc, _GuardedLibc):
         netns.libc = _GuardedLibc(netns.libc, _GUARD)

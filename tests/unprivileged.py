@@ -87,7 +87,7 @@ def _skip_unless_possible() -> None:
     """A session that is not root skips (it tests rootless by running at all); a root one
     that cannot drop to USER lacks what the rootless tests need: a skip, or a failure under
     NETSIM_DDP_REQUIRE_FABRIC (the plugin's lacks_fabric), so CI cannot skip them green."""
-    from netsim_ddp.fabric import privilege
+    from netsim_ddp.fabric.namespaces import privilege
 
     if not privilege.host_root():
         pytest.skip("needs root to drop to an unprivileged user (a session that is not root "

@@ -169,7 +169,7 @@ _timeout_option = click.option("--timeout", "timeout_s", type=FiniteFloat(positi
 class NetworkCommand(click.Command):
     """A command that builds namespaces. Without root, the process enters its user namespace
     before such a command starts, while it has one thread (or is started again inside it: see
-    fabric/privilege.py); a refusal is reported where the command needs the network."""
+    fabric/namespaces/privilege.py); a refusal is reported where the command needs the network."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -178,7 +178,7 @@ class NetworkCommand(click.Command):
 def main(ctx: click.Context) -> None:
     """Emulate a cluster network on this host and test DDP training on it."""
     if ctx.invoked_subcommand in network_commands():
-        from netsim_ddp.fabric.privilege import prepare
+        from netsim_ddp.fabric.namespaces.privilege import prepare
 
         prepare(restart=True)
 

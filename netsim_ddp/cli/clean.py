@@ -16,7 +16,7 @@ from netsim_ddp.cli.app import (
 )
 
 if TYPE_CHECKING:  # the fabric is imported when a command runs, not at start-up
-    from netsim_ddp.fabric.nic_cleanup import NicCleanup
+    from netsim_ddp.fabric.nic.cleanup import NicCleanup
 
 
 @main.command()
@@ -57,7 +57,7 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
 
 def _clean_nics(dry_run: bool, forget: str | None = None) -> NicCleanup:
     """Say what cleaning up NICs (fabric.nic_cleanup) did, or would do."""
-    from netsim_ddp.fabric.nic_cleanup import clean_nics
+    from netsim_ddp.fabric.nic.cleanup import clean_nics
 
     cleanup = clean_nics(dry_run=dry_run, forget=forget)
     if cleanup.root_records:

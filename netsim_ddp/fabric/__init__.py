@@ -2,8 +2,8 @@
 
 from netsim_ddp.fabric.capabilities import Capabilities, probe_capabilities
 from netsim_ddp.fabric.core import Fabric, FabricError, LinkCounters, Node
+from netsim_ddp.fabric.namespaces.privilege import PrivilegeError, ensure_network_privilege
 from netsim_ddp.fabric.plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
-from netsim_ddp.fabric.privilege import PrivilegeError, ensure_network_privilege
 
 __all__ = [
     "Capabilities", "Fabric", "FabricError", "FabricPlan", "LinkCounters", "Node", "NodePlan",

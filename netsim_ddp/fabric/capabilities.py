@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netsim_ddp.fabric import delayline, naming, netns, privilege
+from netsim_ddp.fabric import delayline, naming
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,19 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from netsim_ddp.fabric import delayline, naming, netns, privilege, tcp_clocks
+from netsim_ddp.fabric import delayline, naming, tcp_clocks
 from netsim_ddp.fabric.capabilities import probe_capabilities
+from netsim_ddp.fabric.counters.qdisc_stats import (
+    basic_counts,
+    loss_counts,
+    queue_length,
+    root_qdisc,
+)
 from netsim_ddp.fabric.delayline.health import ForwarderMonitor
 from netsim_ddp.fabric.errors import FabricError
-from netsim_ddp.fabric.lifetime import ProcessNamespace
+from netsim_ddp.fabric.namespaces import netns, privilege
+from netsim_ddp.fabric.namespaces.lifetime import ProcessNamespace
 from netsim_ddp.fabric.plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
-from netsim_ddp.fabric.qdisc_stats import basic_counts, loss_counts, queue_length, root_qdisc
 from netsim_ddp.scenario.spec import Scenario
 
 # Where per-run subnets are drawn from when the scenario names none.

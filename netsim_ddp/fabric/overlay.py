@@ -22,9 +22,9 @@ from collections.abc import Iterator, Sequence
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netsim_ddp.fabric import netns
 from netsim_ddp.fabric.errors import FabricError
-from netsim_ddp.fabric.nic_checks import NicInfo
+from netsim_ddp.fabric.namespaces import netns
+from netsim_ddp.fabric.nic.checks import NicInfo
 from netsim_ddp.fabric.plan import FabricPlan
 
 VXLAN_PORT = 4789  # IANA's

@@ -26,10 +26,10 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from netsim_ddp.common.signals import new_window, window_ended
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.counters.qdisc_stats import basic_counts, root_qdisc
 from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.fabric.plan import NodePlan, QdiscPlan, egress_qdiscs, ingress_qdiscs
-from netsim_ddp.fabric.qdisc_stats import basic_counts, root_qdisc
 from netsim_ddp.scenario.spec import EffectiveLink, Scenario, queue_limit_bytes
 from netsim_ddp.scenario.units import ETHERNET_HEADER
 

@@ -24,7 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netsim_ddp.fabric import naming, netns, privilege
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 HOST_NETNS_DIR = Path("/run/netns")
 

@@ -10,14 +10,14 @@ The evidence, in order:
   compute_noise), else 'compute' (a slow GPU, a slow episode, the light noise, real compute).
 - timeout: the collective was slow and one of the job's own connections had a retransmission
   timeout inside the iteration's window (a CounterSeries 'job ... timeouts' that grew,
-  fabric/connection_sampler.py; where no connection was sampled, as when no background flow
+  fabric/counters/connection_sampler.py; where no connection was sampled, as when no background flow
   shares the nodes, a node's TCPTimeouts count: all of its connections are the job's). A
   timeout costs the target's RTO whatever the bytes: the part of the tail fewer bytes cannot
   shorten.
 - network: otherwise the collective was slow. Its evidence: the TCP loss counters each node's
   local rank 0 read at the step's edges (RankSamples.step_tcp_loss: retransmissions, timeouts,
   loss probes in that node during the step), counter series sampled during the run
-  (CounterSeries: the racks' uplink drops, fabric/uplink_sampler.py) that grew inside the
+  (CounterSeries: the racks' uplink drops, fabric/counters/uplink_sampler.py) that grew inside the
   iteration's window, and a link change in force
   (link.schedule); without any, 'network' is named by elimination and says so.
 

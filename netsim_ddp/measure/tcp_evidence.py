@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from netsim_ddp.fabric.tcp_counters import LOSS_EVIDENCE, MARK_PREFIX
+from netsim_ddp.fabric.counters.tcp_counters import LOSS_EVIDENCE, MARK_PREFIX
 from netsim_ddp.measure.document import TcpCountersRecord
 from netsim_ddp.workload.launcher.results import ModeResult
 

@@ -8,7 +8,7 @@ Over the store the agents
 1. say hello (node rank, hostname, NIC address, a digest of the scenario they were given):
    a node that never arrives within --join-timeout ends every agent's run, named;
 2. shape their own NIC to their node's link for the traffic to and from the other hosts only
-   (fabric/nic.py, nic_plan.py: recorded first, restored exactly; the rest of the NIC's
+   (fabric/nic/shaping.py, nic_plan.py: recorded first, restored exactly; the rest of the NIC's
    traffic passes unshaped and uncounted);
 3. measure their clock's offset to node 0's (netsim_ddp.common.clock), so every timestamp of the
    job (measured windows, background byte series, each rank's steps) is on one clock;
@@ -51,8 +51,9 @@ from netsim_ddp.fabric.background import (
     BackgroundTraffic,
 )
 from netsim_ddp.fabric.core import signals_raise
-from netsim_ddp.fabric.netns import libc
-from netsim_ddp.fabric.nic import (
+from netsim_ddp.fabric.counters.own_link import NIC_ENV
+from netsim_ddp.fabric.namespaces.netns import libc
+from netsim_ddp.fabric.nic.shaping import (
     JOB_ENV,
     NicRestoreError,
     ShapedNic,
@@ -60,7 +61,6 @@ from netsim_ddp.fabric.nic import (
     check_nic,
     inspect_nic,
 )
-from netsim_ddp.fabric.own_link import NIC_ENV
 from netsim_ddp.hostfacts.nccl import rank_log_lines
 from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.run.host_control import (

@@ -40,7 +40,7 @@ from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.core import Fabric, choose_subnet, signals_raise
 from netsim_ddp.fabric.errors import FabricError
-from netsim_ddp.fabric.nic_checks import NicInfo, check_nic, inspect_nic
+from netsim_ddp.fabric.nic.checks import NicInfo, check_nic, inspect_nic
 from netsim_ddp.fabric.overlay import check_underlay, overlay
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.measure.dilation import to_target_time

@@ -20,13 +20,13 @@ from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
-from netsim_ddp.fabric.connection_sampler import ConnectionSampler
+from netsim_ddp.fabric.counters.connection_sampler import ConnectionSampler
+from netsim_ddp.fabric.counters.sampling_thread import SamplingThread
+from netsim_ddp.fabric.counters.uplink_sampler import UplinkSampler
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.fabric.naming import new_run_id
-from netsim_ddp.fabric.sampling import SamplingThread
 from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
-from netsim_ddp.fabric.uplink_sampler import UplinkSampler
 from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 from netsim_ddp.hostfacts.nccl import (
     NODE_IFNAME,

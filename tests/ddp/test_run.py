@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.workload import WorkloadError
 

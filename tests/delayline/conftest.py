@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from netsim_ddp.fabric import netns, privilege
 from netsim_ddp.fabric.delayline import DelayLineBuildError, build_binary
 from netsim_ddp.fabric.delayline.testbed import Testbed, testbed
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 
 @pytest.fixture(scope="session")

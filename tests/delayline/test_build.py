@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.fabric import privilege
 from netsim_ddp.fabric.delayline import build
+from netsim_ddp.fabric.namespaces import privilege
 
 COMPILED = b"\x7fELF compiled here"
 PLANTED = b"#!/bin/sh\necho planted\n"

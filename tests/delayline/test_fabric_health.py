@@ -11,10 +11,11 @@ import pytest
 from pyroute2 import IPRoute
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, netns
+from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.delayline import DelayLineError
 from netsim_ddp.fabric.delayline.health import judge_final, judge_window
 from netsim_ddp.fabric.delayline.probes import ProbePath, tcp_bulk
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.run import runner
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.namespaces import netns
 
 NIC = "nsdnic"
 SUBNET = "10.77.0"

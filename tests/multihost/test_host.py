@@ -14,10 +14,10 @@ import pytest
 from pyroute2 import IPRoute
 from simhosts import NIC, netsim_ddp, transfer
 
-from netsim_ddp.fabric import netns
-from netsim_ddp.fabric.nic import state_path
-from netsim_ddp.fabric.nic_plan import REST_CLASS
-from netsim_ddp.fabric.qdisc_stats import basic_counts
+from netsim_ddp.fabric.counters.qdisc_stats import basic_counts
+from netsim_ddp.fabric.namespaces import netns
+from netsim_ddp.fabric.nic.job_plan import REST_CLASS
+from netsim_ddp.fabric.nic.shaping import state_path
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 
@@ -87,7 +87,7 @@ def host_state(host) -> Path:
 
 
 def rest_class_bytes(host) -> int:
-    """What the NIC sent outside the job's class (fabric/nic_plan.py's REST_CLASS)."""
+    """What the NIC sent outside the job's class (fabric/nic/job_plan.py's REST_CLASS)."""
     with host.entered(), IPRoute() as ipr:
         for msg in ipr.get_classes(index=ipr.link_lookup(ifname=NIC)[0]):
             if msg["handle"] == REST_CLASS:

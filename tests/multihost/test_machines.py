@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from simhosts import NIC, netsim_ddp, simulated_hosts
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.namespaces import netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 

@@ -18,11 +18,11 @@ from pyroute2.netlink.exceptions import NetlinkError
 from simhosts import NIC, netsim_ddp, transfer
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import nic as nic_module
-from netsim_ddp.fabric import tc_tree
-from netsim_ddp.fabric.nic import NicError, NicRestoreError, ShapedNic, state_path
-from netsim_ddp.fabric.own_link import counted_qdisc
-from netsim_ddp.fabric.qdisc_stats import basic_counts
+from netsim_ddp.fabric.counters.own_link import counted_qdisc
+from netsim_ddp.fabric.counters.qdisc_stats import basic_counts
+from netsim_ddp.fabric.nic import shaping as nic_module
+from netsim_ddp.fabric.nic import tc_tree
+from netsim_ddp.fabric.nic.shaping import NicError, NicRestoreError, ShapedNic, state_path
 
 pytestmark = [pytest.mark.netns]
 
@@ -104,7 +104,7 @@ def test_refuses_delay_without_netem(one_host, capabilities):
 HOLDER = """
 import sys
 from netsim_ddp import Scenario
-from netsim_ddp.fabric.nic import ShapedNic
+from netsim_ddp.fabric.nic.shaping import ShapedNic
 link = Scenario.from_dict({"name": "k", "topology": {"nodes": 1},
                            "link": {"rate": "300mbit"}}).link_for(0)
 with ShapedNic(sys.argv[1], link, job="killed"):
@@ -270,7 +270,7 @@ def test_only_the_jobs_traffic_is_shaped_and_counted(job_and_outsider, measure_u
 
 
 PROBE_WITHOUT_SYS_ADMIN = """
-from netsim_ddp.fabric.nic import privilege_problems, qdisc_available_here
+from netsim_ddp.fabric.nic.shaping import privilege_problems, qdisc_available_here
 print(qdisc_available_here("tbf", rate="1mbit", burst=4000, limit=30000),
       qdisc_available_here("nsdnosuchqdisc"), privilege_problems())
 """

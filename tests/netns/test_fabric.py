@@ -13,8 +13,9 @@ import pytest
 from pyroute2 import IPRoute
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, netns, privilege
+from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodput
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 
@@ -236,10 +237,10 @@ def test_clean_sweeps_a_killed_run_and_spares_a_live_one():
 
 ROOTLESS = textwrap.dedent("""
     import json, os, sys
-    from netsim_ddp.fabric import privilege
+    from netsim_ddp.fabric.namespaces import privilege
     from netsim_ddp.fabric.capabilities import probe_capabilities
     from netsim_ddp.fabric.core import Fabric
-    from netsim_ddp.fabric import netns
+    from netsim_ddp.fabric.namespaces import netns
     from netsim_ddp import Scenario
     sys.path.insert(0, os.environ["TESTS_DIR"])
     from test_fabric import exchange

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, naming, netns, privilege
+from netsim_ddp.fabric import Fabric, naming
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
 

@@ -7,9 +7,10 @@ import time
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import Fabric, netns
+from netsim_ddp.fabric import Fabric
+from netsim_ddp.fabric.counters.uplink_sampler import UplinkSampler
 from netsim_ddp.fabric.fidelity import check_fidelity, expected_goodput, measure_goodputs
-from netsim_ddp.fabric.uplink_sampler import UplinkSampler
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.scenario.racks import ring_caps
 
@@ -116,7 +117,7 @@ def test_a_neighbour_job_sends_its_burst_once_per_step_across_the_uplink():
 
 def test_each_connections_losses_are_the_jobs_or_the_neighbours():
     from netsim_ddp.fabric.background import BackgroundTraffic
-    from netsim_ddp.fabric.connection_sampler import ConnectionSampler
+    from netsim_ddp.fabric.counters.connection_sampler import ConnectionSampler
 
     # A neighbour's bursts (n1 -> n2) and a job's transfer (n0 -> n3) meet in rack 0's 100
     # Mbit/s uplink and its 32 KiB queue: both lose, and the nodes' counters would add them up.

@@ -8,7 +8,8 @@ import errno
 from click.testing import CliRunner
 
 from netsim_ddp.cli import main
-from netsim_ddp.fabric import capabilities, naming, netns, privilege
+from netsim_ddp.fabric import capabilities, naming
+from netsim_ddp.fabric.namespaces import netns, privilege
 
 
 class NoNetlink:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from netsim_ddp.fabric.connection_sampler import TCP_CA_LOSS, ConnectionSampler, total_rto
+from netsim_ddp.fabric.counters.connection_sampler import TCP_CA_LOSS, ConnectionSampler, total_rto
 from netsim_ddp.measure.attribution import CounterSeries
 
 
@@ -35,7 +35,7 @@ class Diag:
 def sampler(monkeypatch):
     plan = SimpleNamespace(nodes=[SimpleNamespace(index=i, netns=f"nsdx-n{i}",
                                                   address=f"10.0.0.{i + 1}") for i in range(3)])
-    monkeypatch.setattr("netsim_ddp.fabric.connection_sampler._background_sockets",
+    monkeypatch.setattr("netsim_ddp.fabric.counters.connection_sampler._background_sockets",
                         lambda plan, index: {(0, 7)} if index == 0 else set())
     return ConnectionSampler(plan)
 

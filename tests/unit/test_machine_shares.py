@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from netsim_ddp.fabric.nic_checks import NicInfo
+from netsim_ddp.fabric.nic.checks import NicInfo
 from netsim_ddp.fabric.overlay import OverlayError, check_underlay, vni_of
 from netsim_ddp.scenario.machines import MachineConfigError, check_machines, machine_share
 from netsim_ddp.scenario.spec import Scenario

@@ -3,7 +3,8 @@
 import fcntl
 import os
 
-from netsim_ddp.fabric import naming, nic
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.nic import shaping
 
 
 def test_a_lock_file_unlinked_before_the_flock_is_taken_again(tmp_path, monkeypatch):
@@ -11,7 +12,7 @@ def test_a_lock_file_unlinked_before_the_flock_is_taken_again(tmp_path, monkeypa
     on the unlinked file proves nothing, since the next comer makes a new file and locks it:
     `clean` could take a live agent for dead."""
     monkeypatch.setattr(naming, "_lock_dir", tmp_path)
-    path = nic.state_path("eth9", inode=1)
+    path = shaping.state_path("eth9", inode=1)
     real_flock, raced = fcntl.flock, []
 
     def flock(fd, operation):
@@ -21,7 +22,7 @@ def test_a_lock_file_unlinked_before_the_flock_is_taken_again(tmp_path, monkeypa
         return real_flock(fd, operation)
 
     monkeypatch.setattr(fcntl, "flock", flock)
-    fd = nic._lock(path, wait=False)
+    fd = shaping._lock(path, wait=False)
     assert fd is not None and raced
     try:
         assert os.fstat(fd).st_ino == os.stat(path.with_suffix(".lock")).st_ino

@@ -6,8 +6,8 @@ import fcntl
 import os
 
 from netsim_ddp.fabric import naming
-from netsim_ddp.fabric.nic import STATE_PREFIX
-from netsim_ddp.fabric.nic_cleanup import remove_orphan_locks
+from netsim_ddp.fabric.nic.cleanup import remove_orphan_locks
+from netsim_ddp.fabric.nic.shaping import STATE_PREFIX
 
 
 def test_only_unheld_locks_without_a_record_go(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric import tcp_clocks, tcp_counters
+from netsim_ddp.fabric import tcp_clocks
+from netsim_ddp.fabric.counters import tcp_counters
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.tcp_evidence import loss_summary
 from netsim_ddp.measure.tcp_evidence import tcp_counters as window_counters

@@ -57,7 +57,7 @@ def test_an_unmarked_test_that_trains_or_builds_a_namespace_fails_naming_its_mar
 
         import pytest
 
-        from netsim_ddp.fabric import netns
+        from netsim_ddp.fabric.namespaces import netns
 
         TORCHRUN = [sys.executable, "-c", "pass", "-m", "torch.distributed.run"]
         CLI_RUN = [sys.executable, "-c", "pass", "netsim_ddp.cli", "run", "x.toml"]

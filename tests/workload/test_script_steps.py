@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from netsim_ddp.fabric.own_link import LinkMark
+from netsim_ddp.fabric.counters.own_link import LinkMark
 from netsim_ddp.workload.launcher.steps import (
     Edges,
     MeasuredEnough,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.namespaces import netns
 
 
 class Bed(Protocol):

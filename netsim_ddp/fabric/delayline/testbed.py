@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pyroute2 import IPRoute
 
-from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.delayline import (
     DelayLineSpec,
     command,
@@ -30,6 +30,7 @@ from netsim_ddp.fabric.delayline import (
     prepare_delay_namespace,
     wait_ready,
 )
+from netsim_ddp.fabric.namespaces import netns
 
 IN_IFNAME, OUT_IFNAME, NODE_IFNAME = "in", "out", "eth0"
 ADDR_A, ADDR_B, PREFIXLEN = "10.77.0.1", "10.77.0.2", 24

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
-from netsim_ddp.fabric.tcp_counters import tcp_mark
+from netsim_ddp.fabric.counters.tcp_counters import tcp_mark
 from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload.launcher.results import ScriptFacts
 from netsim_ddp.workload.launcher.window import counters_grew

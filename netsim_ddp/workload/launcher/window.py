@@ -34,7 +34,7 @@ def step_loss_reader(local_rank: int) -> Callable[[], dict[str, int]] | None:
     can name the losses inside it. None elsewhere (one reading per node is enough)."""
     if not leads_node(local_rank):
         return None
-    from netsim_ddp.fabric.tcp_counters import loss_counters
+    from netsim_ddp.fabric.counters.tcp_counters import loss_counters
 
     return loss_counters
 
@@ -60,8 +60,8 @@ def measured_window(
     def edge(name: str) -> None:
         barrier()
         if measure_link:
-            from netsim_ddp.fabric.own_link import mark_own_link
-            from netsim_ddp.fabric.tcp_counters import tcp_mark
+            from netsim_ddp.fabric.counters.own_link import mark_own_link
+            from netsim_ddp.fabric.counters.tcp_counters import tcp_mark
 
             mark = mark_own_link()
             if mark is not None:  # with the node's TCP counters (measure.tcp_evidence)

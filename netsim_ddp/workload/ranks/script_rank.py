@@ -131,7 +131,7 @@ def _edges(spec: steps.ScriptSpec, rank: int, local_rank: int, world: int) -> st
                           is_master=False, timeout=timedelta(seconds=spec.barrier_timeout_s))
     counter = None
     if leads_node(local_rank):
-        from netsim_ddp.fabric.own_link import LinkCounter
+        from netsim_ddp.fabric.counters.own_link import LinkCounter
 
         counter = LinkCounter()
     signals = os.environ.get(SIGNAL_DIR_ENV)

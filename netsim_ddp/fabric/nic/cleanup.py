@@ -13,9 +13,10 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.core import signals_deferred
-from netsim_ddp.fabric.nic import (
+from netsim_ddp.fabric.namespaces import netns
+from netsim_ddp.fabric.nic.shaping import (
     JOB_ENV,
     STATE_PREFIX,
     NicError,
@@ -24,7 +25,7 @@ from netsim_ddp.fabric.nic import (
     _restore,
     _unlock,
 )
-from netsim_ddp.fabric.tc_tree import TreeError
+from netsim_ddp.fabric.nic.tc_tree import TreeError
 
 
 @dataclass
@@ -201,7 +202,7 @@ def clean_nics(dry_run: bool = False, forget: str | None = None) -> NicCleanup:
     only drop the records of the NIC of that name, touching nothing else). Agents that shape
     NICs run as root: their state files are root's, and only root can tell whether an agent
     was killed and restore its NIC."""
-    from netsim_ddp.fabric.privilege import host_root
+    from netsim_ddp.fabric.namespaces.privilege import host_root
 
     if not host_root():
         return NicCleanup([], [], root_records=len(recorded_nics()))

@@ -13,9 +13,10 @@ from typing import Any
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netsim_ddp.fabric import naming, privilege
+from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.errors import FabricError
-from netsim_ddp.fabric.tc_tree import scratch_ifb, scratch_name
+from netsim_ddp.fabric.namespaces import privilege
+from netsim_ddp.fabric.nic.tc_tree import scratch_ifb, scratch_name
 
 IFF_UP = 0x1
 IFF_LOOPBACK = 0x8

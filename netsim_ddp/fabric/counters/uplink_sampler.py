@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 from pyroute2 import IPRoute
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.counters.qdisc_stats import loss_counts, root_qdisc
+from netsim_ddp.fabric.counters.sampling_thread import SAMPLE_S, SamplingThread
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.fabric.plan import FabricPlan
-from netsim_ddp.fabric.qdisc_stats import loss_counts, root_qdisc
-from netsim_ddp.fabric.sampling import SAMPLE_S, SamplingThread
 
 
 class UplinkSampler(SamplingThread):

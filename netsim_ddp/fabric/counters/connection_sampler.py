@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from pyroute2.netlink.diag import SS_CONN, DiagSocket
 
-from netsim_ddp.fabric import netns
+from netsim_ddp.fabric.counters.sampling_thread import SAMPLE_S, SamplingThread
+from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.fabric.plan import FabricPlan
-from netsim_ddp.fabric.sampling import SAMPLE_S, SamplingThread
 
 TCP_CA_LOSS = 4  # include/net/tcp.h: the state a retransmission timeout puts a socket in
 INET_DIAG_INFO_EXT = 1 << (2 - 1)  # idiag_ext bit of INET_DIAG_INFO (tcp_info)

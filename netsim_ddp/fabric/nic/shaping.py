@@ -39,7 +39,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.core import signals_deferred
-from netsim_ddp.fabric.nic_checks import (
+from netsim_ddp.fabric.nic.checks import (
     NicError,
     NicInfo,
     check_may_shape,
@@ -50,7 +50,7 @@ from netsim_ddp.fabric.nic_checks import (
     privilege_problems,
     qdisc_available_here,
 )
-from netsim_ddp.fabric.nic_plan import (
+from netsim_ddp.fabric.nic.job_plan import (
     EGRESS_CHILD_HANDLE,
     EGRESS_HANDLE,
     EGRESS_NETEM_HANDLE,
@@ -60,8 +60,7 @@ from netsim_ddp.fabric.nic_plan import (
     egress_plan,
     ingress_filters,
 )
-from netsim_ddp.fabric.plan import tbf
-from netsim_ddp.fabric.tc_tree import (
+from netsim_ddp.fabric.nic.tc_tree import (
     TC_H_INGRESS,
     NicSnapshot,
     TcRecord,
@@ -72,6 +71,7 @@ from netsim_ddp.fabric.tc_tree import (
     root_filters,
     snapshot,
 )
+from netsim_ddp.fabric.plan import tbf
 from netsim_ddp.scenario.spec import EffectiveLink
 
 # The tree's record lives in tc_tree.py, the plan in nic_plan.py.

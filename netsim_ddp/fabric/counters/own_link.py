@@ -14,8 +14,8 @@ from pyroute2 import IPRoute
 
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.fabric import naming
-from netsim_ddp.fabric.nic_plan import EGRESS_CHILD_HANDLE, EGRESS_HANDLE
-from netsim_ddp.fabric.qdisc_stats import basic_counts, root_qdisc
+from netsim_ddp.fabric.counters.qdisc_stats import basic_counts, root_qdisc
+from netsim_ddp.fabric.nic.job_plan import EGRESS_CHILD_HANDLE, EGRESS_HANDLE
 
 NIC_ENV = "NETSIM_DDP_NIC"  # a real host's shaped NIC (`netsim-ddp host --nic`); else eth0
 
@@ -47,7 +47,7 @@ def mark_own_link(ifname: str | None = None) -> LinkMark | None:
 
 def counted_qdisc(ipr: IPRoute, index: int):
     """The qdisc whose counters are the node's wire bytes: the root, or, on a real NIC that
-    `netsim-ddp host` shapes for the job's peers only (fabric/nic_plan.py), the link's tbf
+    `netsim-ddp host` shapes for the job's peers only (fabric/nic/job_plan.py), the link's tbf
     under the peers' class: the rest of the NIC's traffic is not the job's."""
     root = root_qdisc(ipr, index)
     if root is None or root["handle"] != EGRESS_HANDLE or root.get_attr("TCA_KIND") != "htb":

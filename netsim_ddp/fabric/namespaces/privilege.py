@@ -27,7 +27,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from netsim_ddp.fabric import naming, netns, userns
+from netsim_ddp.fabric import naming
+from netsim_ddp.fabric.namespaces import netns, userns
 
 CAP_NET_ADMIN = 12
 # Imported, these start native thread pools (OpenBLAS, OpenMP, their own): named in the error.

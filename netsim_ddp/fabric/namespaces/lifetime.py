@@ -33,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
-from netsim_ddp.fabric import naming, netns
+from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.errors import FabricError
+from netsim_ddp.fabric.namespaces import netns
 
 CLONE_NEWPID = 0x20000000
 SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
