@@ -102,7 +102,7 @@ class Fabric:
                  subnet: ipaddress.IPv4Network | None = None):
         self.scenario = scenario
         self.dilation = dilation  # k of a scale model: the nodes' TCP clocks run k times slower
-        # One machine's share of a scale model spread over several (run/machine_agent.py):
+        # One machine's share of a scale model spread over several (run/hosts/machine_agent.py):
         # only these nodes are built, with the addresses they have in the whole job's `subnet`.
         self.only_nodes = None if only_nodes is None else frozenset(only_nodes)
         self.subnet = subnet

@@ -1,5 +1,5 @@
 """One machine's share of a scale model joined to the other machines' shares: a VXLAN device on
-the fabric's switch, its underlay this machine's NIC (run/machine_agent.py).
+the fabric's switch, its underlay this machine's NIC (run/hosts/machine_agent.py).
 
 The device is made in the switch's namespace in one netlink call (IFLA_NET_NS_FD) while its
 underlay socket stays in the namespace that made it, the NIC's: nothing is ever added to the

@@ -9,8 +9,8 @@ from netsim_ddp import Scenario
 from netsim_ddp.fabric.nic.shaping import NicError, NicInfo, check_nic
 from netsim_ddp.hostfacts.gpus import GPUS_ENV, GpuInventory
 from netsim_ddp.hostfacts.nccl import verify_transport
-from netsim_ddp.run.host_agent import HostAgent
-from netsim_ddp.run.host_options import HostConfigError, HostOptions, host_placement, validate
+from netsim_ddp.run.hosts.host_agent import HostAgent
+from netsim_ddp.run.hosts.host_options import HostConfigError, HostOptions, host_placement, validate
 
 
 def options(nnodes=2, node_rank=0, **scenario):

@@ -247,7 +247,7 @@ def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_pat
     from click.testing import CliRunner
 
     from netsim_ddp.cli import main
-    from netsim_ddp.run import host_agent as host
+    from netsim_ddp.run.hosts import host_agent as host
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
     document = json.loads(path.read_text())

@@ -8,7 +8,7 @@ the other machines' over its NIC by a VXLAN port (fabric.overlay). Every machine
 one dilation k: its links at rate / k, its nodes' TCP clocks dilated, its replayed compute
 k times longer.
 
-The agents meet over c10d's TCPStore at --master-addr:--master-port (run/host_control: hellos,
+The agents meet over c10d's TCPStore at --master-addr:--master-port (run/hosts/host_control: hellos,
 heartbeats, the first abort); machine 0 draws the job's id and subnet, checks that every
 machine was given the same scenario, and then runs the very code `run` runs
 (runner.probe_and_train, finish_report) with a site whose every launch is a phase: each
@@ -44,10 +44,10 @@ from netsim_ddp.fabric.nic.checks import NicInfo, check_nic, inspect_nic
 from netsim_ddp.fabric.overlay import check_underlay, overlay
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.measure.dilation import to_target_time
-from netsim_ddp.run.host_agent import _reason
-from netsim_ddp.run.host_control import POLL_S, Control, _rank_of
-from netsim_ddp.run.host_options import AgentOptions, HostConfigError, HostError
-from netsim_ddp.run.host_site import OUT_MARK, Phase, _PhasesSite, follow_phases, lead_phases
+from netsim_ddp.run.hosts.host_agent import _reason
+from netsim_ddp.run.hosts.host_control import POLL_S, Control, _rank_of
+from netsim_ddp.run.hosts.host_options import AgentOptions, HostConfigError, HostError
+from netsim_ddp.run.hosts.host_site import OUT_MARK, Phase, _PhasesSite, follow_phases, lead_phases
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.dilation import dilated

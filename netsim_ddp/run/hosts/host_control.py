@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from netsim_ddp.common.clock import estimate_offset
-from netsim_ddp.run.host_options import HostError
+from netsim_ddp.run.hosts.host_options import HostError
 
 CLOCK_ROUNDS = 8
 PREFIX = "netsim-ddp/"

@@ -63,21 +63,21 @@ from netsim_ddp.fabric.nic.shaping import (
 )
 from netsim_ddp.hostfacts.nccl import rank_log_lines
 from netsim_ddp.hostfacts.placement import Placement
-from netsim_ddp.run.host_control import (
+from netsim_ddp.run.hosts.host_control import (
     HEARTBEAT_S,
     POLL_S,
     Control,
     _rank_of,
     _says,
 )
-from netsim_ddp.run.host_options import (  # names handed on: `host` imports them from here
+from netsim_ddp.run.hosts.host_options import (  # names handed on: `host` imports them from here
     HostConfigError,
     HostError,
     HostOptions,
     host_placement,
     validate,
 )
-from netsim_ddp.run.host_site import (
+from netsim_ddp.run.hosts.host_site import (
     OUT_MARK,
     Phase,
     _HostsSite,

@@ -16,8 +16,8 @@ from netsim_ddp.fabric.background import (
     EndReport,
     assemble,
 )
-from netsim_ddp.run.host_control import Control, _rank_of
-from netsim_ddp.run.host_options import HostOptions
+from netsim_ddp.run.hosts.host_control import Control, _rank_of
+from netsim_ddp.run.hosts.host_options import HostOptions
 from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
