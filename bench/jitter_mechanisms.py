@@ -79,7 +79,7 @@ from netsim_ddp.report.plots import plot_jitter_by_gpus
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.scenario.compute_noise import ComputeNoise
 from netsim_ddp.verdicts.scenario_report import results_document
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 
 console = Console(width=140)
 TOPOLOGIES = {2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4)}  # GPUs: (nodes, ranks per node)

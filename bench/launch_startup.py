@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
-from netsim_ddp.workload.launcher.results import result_path
+from netsim_ddp.workload.contract.mode_result import result_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "workload"))
 from conftest import LoopbackNode  # noqa: E402  (the launch tests' node on loopback)

@@ -42,7 +42,7 @@ from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, load_do
 from netsim_ddp.report.plots import plot_jitter_by_gpus
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
-from netsim_ddp.workload.launcher.compute_profile import read_profile
+from netsim_ddp.workload.contract.compute_profile import read_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

@@ -31,7 +31,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from netsim_ddp.fabric.counters.own_link import LinkCounter
-from netsim_ddp.workload.launcher import steps
+from netsim_ddp.workload.contract import steps
 from netsim_ddp.workload.ranks import script_rank
 
 

@@ -20,7 +20,7 @@ _LAZY = {
     "Fabric": "netsim_ddp.fabric",
     "FabricError": "netsim_ddp.fabric",
     "run_scenario": "netsim_ddp.run.runner",
-    "step": "netsim_ddp.workload.launcher.steps",
+    "step": "netsim_ddp.workload.contract.steps",
     "load_document": "netsim_ddp.measure.document",
 }
 

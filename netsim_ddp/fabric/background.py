@@ -212,7 +212,7 @@ class BackgroundTraffic:
 
     def __init__(self, fabric, flows: list[BackgroundFlow], signals: Path | None = None):
         """With `signals`, each flow follows its schedule only inside the measured windows
-        that ranks signal there (see netsim_ddp.workload.launcher.window); else from the start."""
+        that ranks signal there (see netsim_ddp.workload.contract.window); else from the start."""
         self.fabric = fabric
         self.flows = flows
         self.signals = signals

@@ -7,7 +7,7 @@ unshaped while a rate moves. A flap (`down`) sets the rate to FLAP_RATE_BPS, the
 what was there. Both directions of a link change together (node egress and switch port).
 
 A thread follows the same signal files as the background flows
-(netsim_ddp.workload.launcher.window): at each start-MODE it replays the schedule from the
+(netsim_ddp.workload.contract.window): at each start-MODE it replays the schedule from the
 top, at end-MODE it restores the starting links. It logs each change with its time, and
 samples the changed links' qdisc byte counters so a report can show that no change let a
 burst above the cap through.

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from netsim_ddp.common.tails import SLOW_THRESHOLD, slow_iterations
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 
 INITIAL_STATE = "initial"  # fabric.schedule's label of an iteration before any change
 COMPUTE_EXPLAINS = 0.5  # of an iteration's excess: a compute excess this large is its cause

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, Straggler
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples, Straggler
 
 if TYPE_CHECKING:
     from netsim_ddp.measure.mode_report import ModeReport

@@ -13,8 +13,8 @@ from netsim_ddp.measure.attribution import CounterSeries, TailAttribution, attri
 from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
 from netsim_ddp.measure.tcp_evidence import tcp_counters
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.contract.mode_result import ModeResult
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 
 
 @dataclass

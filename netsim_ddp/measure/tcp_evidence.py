@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from netsim_ddp.fabric.counters.tcp_counters import LOSS_EVIDENCE, MARK_PREFIX
 from netsim_ddp.measure.document import TcpCountersRecord
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.contract.mode_result import ModeResult
 
 
 def tcp_counters(result: ModeResult) -> list[TcpCountersRecord] | None:

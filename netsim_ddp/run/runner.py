@@ -68,9 +68,9 @@ from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_che
 from netsim_ddp.verdicts.script_checks import framework_checks
 from netsim_ddp.verdicts.tcp_checks import tcp_checks
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError, launch
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel, resolved_trace
+from netsim_ddp.workload.contract.noise_draws import NoiseModel, resolved_trace
+from netsim_ddp.workload.contract.window import NODE_ENV
 from netsim_ddp.workload.launcher.script_launch import launch_script, resolve_command
-from netsim_ddp.workload.launcher.window import NODE_ENV
 
 
 def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,

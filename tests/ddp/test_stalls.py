@@ -7,7 +7,7 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.run.runner import run_scenario
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 

@@ -10,8 +10,8 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Expectation, Metric, Tolerance, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.launcher.intervals import union_length
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, combine, exposed_comm
+from netsim_ddp.workload.contract.intervals import union_length
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples, combine, exposed_comm
 
 SCENARIO = {"name": "timing", "topology": {"nodes": 2, "names": ["a", "b"]},
             "link": {"rate": "1gbit"}, "workload": {"params": "1M", "modes": ["fp32", "amp-fp16"]}}

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from netsim_ddp.common.tails import slow_share
 from netsim_ddp.scenario.compute_noise import ComputeNoise, GpuSpeed, Stalls
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.launcher.compute_noise import (
+from netsim_ddp.workload.contract.noise_draws import (
     NoiseModel,
     gpu_factor,
     read_trace,

@@ -20,7 +20,7 @@ from netsim_ddp.verdicts.gate import (
     regression_verdict,
 )
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.contract.mode_result import ModeResult
 
 SCENARIO = {"name": "gate", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
             "workload": {"params": "1M", "modes": ["fp32", "amp", "amp-fp16"]}}

@@ -12,7 +12,7 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.run.session import NetsimSession, SessionOptionError
 from netsim_ddp.verdicts.history import DEFAULT_TOLERANCE
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.contract.mode_result import ModeResult
 
 SCENARIO = Scenario.from_dict({"name": "hist", "topology": {"nodes": 2},
                                "link": {"rate": "1gbit"},

@@ -18,10 +18,11 @@ import netsim_ddp
 PACKAGE = Path(netsim_ddp.__file__).parent
 
 # Lowest first. Each wing may import its own modules and any wing before it in this list.
-# workload/ is two wings and a face: launcher/ (torch-free: starts ranks, reads their results)
-# below ranks/ (inside a rank: torch), and the package's __init__ handing on launcher names.
-WINGS = ("common", "precision", "scenario", "hostfacts", "fabric", "workload.launcher",
-         "workload.ranks", "workload", "measure", "verdicts", "projection", "report", "run")
+# workload/ is three wings and a face: contract/ (torch-free: the files and signals both sides
+# share) below launcher/ (torch-free: starts ranks) below ranks/ (inside a rank: torch), and the
+# package's __init__ handing on their names.
+WINGS = ("common", "precision", "scenario", "hostfacts", "fabric", "workload.contract",
+         "workload.launcher", "workload.ranks", "workload", "measure", "verdicts", "projection", "report", "run")
 TOP = ("__init__", "_moved", "cli", "plugin")  # may import everything
 
 
@@ -86,8 +87,9 @@ def test_every_module_belongs_to_a_wing():
     assert top_level == wings | set(TOP), "a module outside the wings: place it in one"
     inside = {p.stem for p in (PACKAGE / "workload").iterdir()
               if p.suffix == ".py" or (p / "__init__.py").exists()}
-    assert inside == {"__init__", "launcher", "ranks"}, \
-        "a workload module outside launcher/ (no torch) and ranks/ (torch): place it in one"
+    assert inside == {"__init__", "contract", "launcher", "ranks"}, \
+        ("a workload module outside contract/ and launcher/ (no torch) and ranks/ (torch): "
+         "place it in one")
 
 
 # What runs inside a rank: the only modules that may import torch.
@@ -126,6 +128,7 @@ def test_the_launch_side_never_imports_torch():
     out = _import_without_torch(modules)
     assert out.returncode == 0, out.stderr[-2000:]
     assert any(m.startswith("netsim_ddp.workload.launcher.") for m in modules)
+    assert any(m.startswith("netsim_ddp.workload.contract.") for m in modules)
     assert not any(m.startswith("netsim_ddp.workload.ranks") for m in modules)
 
 

@@ -27,7 +27,7 @@ from netsim_ddp.run import probing
 from netsim_ddp.scenario.spec import BackgroundFlow
 from netsim_ddp.verdicts import run_checks
 from netsim_ddp.workload import WorkloadError
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples
 from netsim_ddp.workload.ranks.collective import AllreduceResult
 
 

@@ -18,7 +18,7 @@ from netsim_ddp.run.runner import replay_checks
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Tolerance
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.launcher.results import RankSamples, Straggler, combine
+from netsim_ddp.workload.contract.mode_result import RankSamples, Straggler, combine
 
 
 def rank(index: int, late: list[float] | None, k: float = 1.0) -> RankSamples:

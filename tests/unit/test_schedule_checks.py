@@ -11,7 +11,7 @@ from netsim_ddp.fabric.fidelity import expected_goodput
 from netsim_ddp.fabric.schedule import AppliedChange, ModeWindow
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.verdicts.schedule_checks import attach_link_states, schedule_checks
-from netsim_ddp.workload.launcher.results import ModeResult
+from netsim_ddp.workload.contract.mode_result import ModeResult
 
 SCENARIO = Scenario.from_dict({
     "name": "drop", "topology": {"nodes": 2}, "link": {"rate": "1gbit", "schedule": [

@@ -12,8 +12,8 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.scenario.compute_noise import ComputeNoise, Stalls
 from netsim_ddp.scenario.expectations import Expectation, MetricName
 from netsim_ddp.verdicts.gate import Tolerance, evaluate, regression_verdict
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, combine
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples, combine
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 
 STEPS, RANKS, COMPUTE_S, COMM_S = 200, 8, 0.2, 0.05
 META = dict(model="mlp", params=100, params_requested=100, local_world_size=1,

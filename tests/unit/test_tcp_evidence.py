@@ -17,7 +17,7 @@ from netsim_ddp.scenario.spec import ScenarioError
 from netsim_ddp.scenario.tcp import TcpConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.verdicts.tcp_checks import tcp_checks
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples
 
 SNMP = """Ip: Forwarding DefaultTTL
 Ip: 1 64

@@ -12,7 +12,7 @@ from netsim_ddp.report.plots import report
 from netsim_ddp.report.tables import mode_table, straggler_cell
 from netsim_ddp.report.timeline import check_rows
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
-from netsim_ddp.workload.launcher.results import ModeResult, Straggler
+from netsim_ddp.workload.contract.mode_result import ModeResult, Straggler
 
 SCENARIO = {"name": "timeline", "topology": {"nodes": 2}, "link": {"rate": "1gbit"},
             "background": [{"source": "n0", "destination": "n1", "on": "100ms", "off": "100ms",

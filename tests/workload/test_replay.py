@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.layouts import named_layout
 from netsim_ddp.scenario.workload import ComputeNoise, WorkloadConfig
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, LayerTime
+from netsim_ddp.workload.contract.compute_profile import ComputeProfile, LayerTime
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
 from netsim_ddp.workload.ranks.replay import (
     ReplayClock,
     ReplayModel,
@@ -196,7 +196,7 @@ def test_profile_compute_feeds_the_replay(tmp_path) -> None:
     from click.testing import CliRunner
 
     from netsim_ddp.cli import main
-    from netsim_ddp.workload.launcher.compute_profile import read_profile
+    from netsim_ddp.workload.contract.compute_profile import read_profile
 
     scenario = tmp_path / "s.toml"
     scenario.write_text('name = "s"\n[topology]\nnodes = 2\n[link]\nrate = "1gbit"\n'

@@ -18,8 +18,8 @@ from netsim_ddp.measure.dilation import replay_late_s as late_series
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload.contract.steps import ScriptRankRecord
 from netsim_ddp.workload.launcher.script_launch import combine_script
-from netsim_ddp.workload.launcher.steps import ScriptRankRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"name": "s", "topology": {"nodes": 2}, "link": {"rate": "10gbit"},

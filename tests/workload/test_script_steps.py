@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from netsim_ddp.fabric.counters.own_link import LinkMark
-from netsim_ddp.workload.launcher.steps import (
+from netsim_ddp.workload.contract.steps import (
     Edges,
     MeasuredEnough,
     ScriptRankRecord,

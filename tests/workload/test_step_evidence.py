@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 
 from netsim_ddp.precision.hooks import SentBytes
-from netsim_ddp.workload.launcher.window import counters_grew, step_loss_reader
+from netsim_ddp.workload.contract.window import counters_grew, step_loss_reader
 from netsim_ddp.workload.ranks.loop import measure
 
 

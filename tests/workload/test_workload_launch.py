@@ -13,8 +13,8 @@ import pytest
 
 from conftest import LoopbackNode, live_processes_mentioning
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
+from netsim_ddp.workload.contract.mode_result import ModeResult
 from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
-from netsim_ddp.workload.launcher.results import ModeResult
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.workload.launcher.results import (
+from netsim_ddp.workload.contract.mode_result import (
     RankSamples,
     combine,
     exposed_comm,

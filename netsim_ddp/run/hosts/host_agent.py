@@ -89,6 +89,7 @@ from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.units import format_rate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec
+from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 from netsim_ddp.workload.launcher.launch import (
     agent_module,
     c10d_rendezvous,
@@ -99,7 +100,6 @@ from netsim_ddp.workload.launcher.launch import (
     rank_errors,
     torchrun_argv,
 )
-from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
 
 __all__ = ["HostAgent", "HostConfigError", "HostError", "HostOptions", "run_host"]
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from netsim_ddp.scenario.workload import RankSpec
-from netsim_ddp.workload.launcher.results import ModeResult, read_result, result_path
-from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
+from netsim_ddp.workload.contract.mode_result import ModeResult, read_result, result_path
+from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 
 RANK_MODULE = "netsim_ddp.workload.ranks.rank"
 AGENT_MODULE = "netsim_ddp.workload.ranks.agent"

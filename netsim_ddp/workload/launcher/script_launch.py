@@ -16,6 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from netsim_ddp.scenario.workload import WorkloadConfig
+from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples, ScriptRun, combine
+from netsim_ddp.workload.contract.steps import (
+    SPEC_ENV,
+    ScriptRankRecord,
+    ScriptSpec,
+    record_path,
+)
 from netsim_ddp.workload.launcher.launch import (
     AGENT_MODULE,
     LaunchNode,
@@ -25,13 +32,6 @@ from netsim_ddp.workload.launcher.launch import (
     rank_env,
     run_nodes,
     torchrun_argv,
-)
-from netsim_ddp.workload.launcher.results import ModeResult, RankSamples, ScriptRun, combine
-from netsim_ddp.workload.launcher.steps import (
-    SPEC_ENV,
-    ScriptRankRecord,
-    ScriptSpec,
-    record_path,
 )
 
 SCRIPT_MODULE = "netsim_ddp.workload.ranks.script_rank"

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode
-from netsim_ddp.workload.launcher.window import counters_grew
+from netsim_ddp.workload.contract.window import counters_grew
 from netsim_ddp.workload.ranks.models import Batch, LossFn
 from netsim_ddp.workload.ranks.timing import BucketTimer
 

@@ -19,7 +19,7 @@ import torch
 
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, LayerTime
+from netsim_ddp.workload.contract.compute_profile import ComputeProfile, LayerTime
 from netsim_ddp.workload.ranks.models import build_workload, count_params, make_batches
 from netsim_ddp.workload.ranks.replay import model_layout
 

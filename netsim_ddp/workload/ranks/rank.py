@@ -32,14 +32,14 @@ from netsim_ddp.hostfacts.gpus import local_device_index
 from netsim_ddp.precision.hooks import SentBytes
 from netsim_ddp.precision.modes import Mode, get_mode
 from netsim_ddp.scenario.workload import RankSpec, WorkloadConfig
-from netsim_ddp.workload.launcher.results import (
+from netsim_ddp.workload.contract.mode_result import (
     REPLAY_DIGEST,
     RankSamples,
     combine,
     exposed_comm,
     write_result,
 )
-from netsim_ddp.workload.launcher.window import NODE_RANK_ENV, measured_window, step_loss_reader
+from netsim_ddp.workload.contract.window import NODE_RANK_ENV, measured_window, step_loss_reader
 from netsim_ddp.workload.ranks.collective import run_gated_probe, run_probe
 from netsim_ddp.workload.ranks.loop import Trainer, measure, param_digest
 from netsim_ddp.workload.ranks.models import Batch, build_workload, count_params, make_batches

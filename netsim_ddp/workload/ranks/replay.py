@@ -40,8 +40,8 @@ from torch.nn.parallel import DistributedDataParallel
 from netsim_ddp.precision.modes import Mode
 from netsim_ddp.scenario.layouts import Layer, Layout, generic_layout, named_layout
 from netsim_ddp.scenario.workload import GENERIC_LAYOUT, ComputeNoise, WorkloadConfig
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel, light_factor
-from netsim_ddp.workload.launcher.compute_profile import ComputeProfile, read_profile
+from netsim_ddp.workload.contract.compute_profile import ComputeProfile, read_profile
+from netsim_ddp.workload.contract.noise_draws import NoiseModel, light_factor
 from netsim_ddp.workload.ranks.models import Batch, build_workload
 
 

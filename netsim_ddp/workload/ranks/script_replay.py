@@ -43,9 +43,9 @@ from torch.utils import _pytree as pytree
 
 from netsim_ddp.precision.modes import get_mode
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.launcher.compute_noise import NoiseModel
-from netsim_ddp.workload.launcher.steps import ScriptSpec
-from netsim_ddp.workload.launcher.window import NODE_RANK_ENV
+from netsim_ddp.workload.contract.noise_draws import NoiseModel
+from netsim_ddp.workload.contract.steps import ScriptSpec
+from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 from netsim_ddp.workload.ranks.replay import (
     ReplayClock,
     ReplaySchedule,

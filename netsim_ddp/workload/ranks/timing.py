@@ -25,7 +25,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined]  # missin
 from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.hooks import Hook
-from netsim_ddp.workload.launcher.intervals import Interval
+from netsim_ddp.workload.contract.intervals import Interval
 
 
 class BucketTimer:

@@ -34,8 +34,8 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.signals import END, START
 from netsim_ddp.fabric.counters.tcp_counters import tcp_mark
 from netsim_ddp.scenario.workload import WorkloadConfig
-from netsim_ddp.workload.launcher.results import ScriptFacts
-from netsim_ddp.workload.launcher.window import counters_grew
+from netsim_ddp.workload.contract.mode_result import ScriptFacts
+from netsim_ddp.workload.contract.window import counters_grew
 
 SPEC_ENV = "NETSIM_DDP_SCRIPT_SPEC"  # the ScriptSpec file the entry module reads
 OPTIMIZER, MARKER = "optimizer", "marker"

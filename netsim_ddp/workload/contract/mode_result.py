@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from netsim_ddp.common.files import write_whole
-from netsim_ddp.workload.launcher.intervals import union_length
+from netsim_ddp.workload.contract.intervals import union_length
 
 SCHEMA_VERSION = 1
 REPLAY_DIGEST = "replay"  # a replayed model's parameters are never written: nothing to hash

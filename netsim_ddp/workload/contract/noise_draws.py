@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from netsim_ddp.scenario.compute_noise import ComputeNoise, ComputeTrace, GpuSpeed, Stalls
-from netsim_ddp.workload.launcher.compute_profile import read_profile
+from netsim_ddp.workload.contract.compute_profile import read_profile
 
 NOISE_FLOOR = 0.05  # a normal draw is truncated here: no step takes (almost) no time
 
