@@ -26,8 +26,9 @@ from rich.table import Table
 from netsim_ddp import Scenario
 from netsim_ddp.fabric import ensure_network_privilege
 from netsim_ddp.run.runner import run_scenario
+from netsim_ddp.scenario.expectations import Expectation
 from netsim_ddp.verdicts.baseline import Baseline, save
-from netsim_ddp.verdicts.gate import Expectation, Tolerance, evaluate
+from netsim_ddp.verdicts.gate import Tolerance, evaluate
 
 TOLERANCES = ("iteration_s.median:10%", "comm_s.median:10%")
 

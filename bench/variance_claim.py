@@ -37,8 +37,10 @@ from rich.console import Console
 from rich.table import Table
 
 from netsim_ddp import Scenario
-from netsim_ddp.measure.document import DocumentError, ScenarioRecord, load_document
-from netsim_ddp.verdicts.gate import Expectation, Metric, evaluate
+from netsim_ddp.measure.document import ScenarioRecord, load_document
+from netsim_ddp.measure.record import DocumentError
+from netsim_ddp.scenario.expectations import Expectation
+from netsim_ddp.verdicts.gate import Metric, evaluate
 
 CLAIM = Expectation(metric="collective_s.std", mode="amp-fp16", vs="fp32", max_ratio=1.0)
 # The command beside this interpreter (a venv's), else the one on PATH.

@@ -8,11 +8,8 @@ flow (a wing imports only the wings before it): common, precision, scenario, fab
 measure, verdicts, projection, report, run; `cli` and `plugin` are the two front ends.
 """
 
-from netsim_ddp import _moved
 from netsim_ddp.common.version import __version__
 from netsim_ddp.scenario import Scenario, ScenarioError
-
-_moved.install()  # the import paths of 0.1's flat layout, for one release
 
 # Loaded when first asked for: the fabric pulls in pyroute2 and the runner torch, so `validate`
 # and `schema` stay light.

@@ -46,7 +46,7 @@ def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
                    nics_per_server: int | None, nic_bandwidth: float | None,
                    history_paths: tuple[str, ...]) -> None:
     """Plots (PNG) and a Markdown/HTML report from `netsim-ddp run --json` results."""
-    from netsim_ddp.measure.document import DocumentError
+    from netsim_ddp.measure.record import DocumentError
     from netsim_ddp.projection.calibrate import CalibrationError
     from netsim_ddp.projection.nccl_tests import NcclParseError
     from netsim_ddp.report.plots import report
@@ -165,7 +165,8 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
               help="Where to write it ('-': stdout).")
 def export(results: str, kind: str, out_file: str) -> None:
     """The results of `run --json` in a benchmark-tracking service's format."""
-    from netsim_ddp.measure.document import DocumentError, load_document
+    from netsim_ddp.measure.document import load_document
+    from netsim_ddp.measure.record import DocumentError
     from netsim_ddp.report.ci import bencher_metrics, github_benchmark
 
     try:

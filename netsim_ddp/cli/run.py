@@ -50,7 +50,8 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
         baseline: str | None, save_baseline: str | None, tolerances: tuple[str, ...],
         alpha: float, history_dir: str | None, calibration: tuple[str, ...]) -> None:
     """Train every mode of each scenario on its emulated network and report what it cost."""
-    from netsim_ddp.run.sweep import CalibrationError, load_calibration
+    from netsim_ddp.projection.calibrate import CalibrationError
+    from netsim_ddp.run.sweep import load_calibration
 
     scenarios = _load_all(files)
     for scenario in scenarios:

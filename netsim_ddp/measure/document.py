@@ -31,10 +31,7 @@ from pydantic import (
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.measure.attribution import TailAttribution
 from netsim_ddp.measure.machine import (
-    CpuInfo,
     MachineInfo,
-    content_digest,
-    machine_warning,
     utc_now,
 )
 from netsim_ddp.measure.record import DocumentError, Finite, Record, Status
@@ -570,13 +567,10 @@ def save(document: ResultsDocument, path: str | Path) -> Path:
     return write_whole(path, document.to_json() + "\n")
 
 
-__all__ = [
-    "LEGACY_VERSION", "SCHEMA_VERSION", "CalibrationRecord", "CheckRecord", "CpuInfo",
-    "CpuLoadRecord", "DocumentError", "FidelityRecord", "FitRecord", "HeldOutPointRecord",
-    "HoldoutCheckRecord", "LinkBytesRecord", "LinkChangeRecord", "MachineInfo", "ModeRecord",
-    "NetworkRecord", "PlacementRecord", "PointModeRecord", "ProjectionRecord", "ProjectionRow",
-    "Record", "ResultsDocument", "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries",
-    "StepPointRecord", "StragglerRow", "StragglerSummary", "SummaryRecord", "SweepPointRecord",
-    "SweepRecord", "TcpCountersRecord", "TransportRecord", "content_digest", "load_document",
-    "machine_warning", "parse_document", "save", "utc_now",
-]
+__all__ = ["LEGACY_VERSION", "SCHEMA_VERSION", "CalibrationRecord", "CheckRecord", "CpuLoadRecord",
+           "FidelityRecord", "FitRecord", "HeldOutPointRecord", "HoldoutCheckRecord",
+           "LinkBytesRecord", "LinkChangeRecord", "ModeRecord", "NetworkRecord", "PlacementRecord",
+           "PointModeRecord", "ProjectionRecord", "ProjectionRow", "ResultsDocument",
+           "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries", "StepPointRecord",
+           "StragglerRow", "StragglerSummary", "SummaryRecord", "SweepPointRecord", "SweepRecord",
+           "TcpCountersRecord", "TransportRecord", "load_document", "parse_document", "save"]

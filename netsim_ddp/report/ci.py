@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from netsim_ddp.measure.document import ModeRecord, ResultsDocument
-from netsim_ddp.scenario.expectations import NEEDS_COMPUTE
-from netsim_ddp.verdicts.gate import HIGHER_IS_BETTER, Metric
+from netsim_ddp.scenario.expectations import HIGHER_IS_BETTER, NEEDS_COMPUTE
+from netsim_ddp.verdicts.gate import Metric
 
 if TYPE_CHECKING:  # the history brings ruptures (seconds to import): not for a run's summary
     from netsim_ddp.verdicts.changepoint import ChangePoint

@@ -25,7 +25,6 @@ from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.document import (
     CalibrationRecord,
     CostModelRecord,
-    DocumentError,
     HeldOutPointRecord,
     ModeRecord,
     ResultsDocument,
@@ -33,6 +32,7 @@ from netsim_ddp.measure.document import (
     SweepRecord,
     load_document,
 )
+from netsim_ddp.measure.record import DocumentError
 from netsim_ddp.projection.costmodel import PROJECTION_LABEL, CostModel, StepPoint
 from netsim_ddp.report.figures import fit_title, mode_color, pyplot
 from netsim_ddp.report.tables import projection_cell, straggler_cell

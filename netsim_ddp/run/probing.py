@@ -16,11 +16,11 @@ from netsim_ddp.precision.modes import (
 )
 from netsim_ddp.run.site import Launcher, Progress
 from netsim_ddp.scenario.spec import Scenario
+from netsim_ddp.scenario.workload import AllreduceProbe
 from netsim_ddp.workload import RankSpec, WorkloadError
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
-    AllreduceProbe,
     attempt_dir,
     busbw_samples,
     give_verdict,

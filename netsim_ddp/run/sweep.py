@@ -39,7 +39,6 @@ from netsim_ddp.projection.calibrate import CalibrationError
 from netsim_ddp.projection.cluster import Cluster, calibrated_projection, load_cluster
 from netsim_ddp.projection.costmodel import (
     HOST_ALPHA_REACH,
-    PROJECTION_LABEL,
     TYPICAL_ETHERNET_ALPHA_S,
     FitError,
     FitResult,
@@ -53,7 +52,7 @@ from netsim_ddp.projection.costmodel import (
 from netsim_ddp.projection.nccl_tests import NcclParseError
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.scenario.spec import Scenario, point_label
-from netsim_ddp.scenario.sweep import ProjectionConfig, SweepConfig
+from netsim_ddp.scenario.sweep import SweepConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
 Progress = Callable[[str], None]
@@ -382,5 +381,5 @@ def _run_point(scenario: Scenario, runner: RunScenario, **kwargs: Any) -> Scenar
     return merged
 
 
-__all__ = ["PROJECTION_LABEL", "ProjectionConfig", "SweepConfig", "SweepPoint", "SweepReport",
-           "analyse", "load_calibration", "point_scenario", "run_sweep", "split_largest"]
+__all__ = ["SweepPoint", "SweepReport", "analyse", "load_calibration", "point_scenario",
+           "run_sweep", "split_largest"]

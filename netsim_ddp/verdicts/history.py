@@ -43,15 +43,10 @@ from typing import Any
 import numpy as np
 
 from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
-from netsim_ddp.measure.document import (
-    DocumentError,
-    MachineInfo,
-    ModeRecord,
-    ResultsDocument,
-    ScenarioRecord,
-    content_digest,
-    load_document,
-)
+from netsim_ddp.measure.document import ModeRecord, ResultsDocument, ScenarioRecord, load_document
+from netsim_ddp.measure.machine import MachineInfo, content_digest
+from netsim_ddp.measure.record import DocumentError
+from netsim_ddp.scenario.expectations import DEFAULT_ALPHA, HIGHER_IS_BETTER
 from netsim_ddp.verdicts.acceptance import (
     ACCEPTED_FILE,
     AcceptanceError,
@@ -59,14 +54,7 @@ from netsim_ddp.verdicts.acceptance import (
     record_acceptance,
 )
 from netsim_ddp.verdicts.changepoint import Segmentation, runs_to_reach, segment, smallest_p_value
-from netsim_ddp.verdicts.gate import (
-    DEFAULT_ALPHA,
-    HIGHER_IS_BETTER,
-    Metric,
-    Tolerance,
-    Verdict,
-    regression_verdict,
-)
+from netsim_ddp.verdicts.gate import Metric, Tolerance, Verdict, regression_verdict
 
 DEFAULT_METRICS = ("iteration_s.median", "comm_s.median", "scaling_efficiency.median",
                    "wire_bytes_per_iteration")

@@ -13,7 +13,8 @@ from netsim_ddp.hostfacts.nccl import TransportEvidence
 from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.measure.dilation import notice
-from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord, content_digest
+from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord
+from netsim_ddp.measure.machine import content_digest
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.scenario.spec import Scenario

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.fabric.nic.shaping import NicError, NicInfo, check_nic
+from netsim_ddp.fabric.nic.checks import NicError, NicInfo, check_nic
 from netsim_ddp.hostfacts.gpus import GPUS_ENV, GpuInventory
 from netsim_ddp.hostfacts.nccl import verify_transport
 from netsim_ddp.run.hosts.host_agent import HostAgent

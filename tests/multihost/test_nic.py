@@ -22,7 +22,8 @@ from netsim_ddp.fabric.counters.own_link import counted_qdisc
 from netsim_ddp.fabric.counters.qdisc_stats import basic_counts
 from netsim_ddp.fabric.nic import shaping as nic_module
 from netsim_ddp.fabric.nic import tc_tree
-from netsim_ddp.fabric.nic.shaping import NicError, NicRestoreError, ShapedNic, state_path
+from netsim_ddp.fabric.nic.checks import NicError
+from netsim_ddp.fabric.nic.shaping import NicRestoreError, ShapedNic, state_path
 
 pytestmark = [pytest.mark.netns]
 

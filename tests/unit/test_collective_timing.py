@@ -7,8 +7,9 @@ import pytest
 
 from netsim_ddp import Scenario
 from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.scenario.expectations import Expectation
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
-from netsim_ddp.verdicts.gate import Expectation, Metric, Tolerance, evaluate
+from netsim_ddp.verdicts.gate import Metric, Tolerance, evaluate
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.contract.intervals import union_length
 from netsim_ddp.workload.contract.mode_result import ModeResult, RankSamples, combine, exposed_comm

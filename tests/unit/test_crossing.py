@@ -71,7 +71,7 @@ def test_full_traffic_passes_and_the_threshold_is_the_boundary():
 def test_runner_checks_every_mode_with_its_backend():
     from types import SimpleNamespace
 
-    from netsim_ddp.run.runner import crossing_checks
+    from netsim_ddp.verdicts.run_checks import crossing_checks
 
     scenario = Scenario.from_dict({"name": "x", "topology": {"nodes": 2, "ranks_per_node": 2},
                                    "link": {"rate": "1gbit"}, "workload": {"params": "1M"}})

@@ -4,16 +4,9 @@ import json
 
 import pytest
 
-from netsim_ddp.measure.document import (
-    SCHEMA_VERSION,
-    DocumentError,
-    MachineInfo,
-    ResultsDocument,
-    content_digest,
-    load_document,
-    machine_warning,
-    save,
-)
+from netsim_ddp.measure.document import SCHEMA_VERSION, ResultsDocument, load_document, save
+from netsim_ddp.measure.machine import MachineInfo, content_digest, machine_warning
+from netsim_ddp.measure.record import DocumentError
 
 SUMMARY = {"n": 2, "mean": 0.11, "median": 0.11, "std": 0.01, "p5": 0.1, "p95": 0.12,
            "iqr": 0.01, "min": 0.1, "max": 0.12}

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from netsim_ddp import Scenario, ScenarioError
-from netsim_ddp.measure.document import DocumentError, load_document
+from netsim_ddp.measure.document import load_document
+from netsim_ddp.measure.record import DocumentError
 from netsim_ddp.scenario import units
 from netsim_ddp.scenario.limits import HostResources, check_host
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError

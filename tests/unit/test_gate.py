@@ -10,9 +10,9 @@ import pytest
 
 from netsim_ddp import Scenario, ScenarioError
 from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.scenario.expectations import Expectation
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import (
-    Expectation,
     Metric,
     Tolerance,
     default_expectations,
@@ -183,7 +183,7 @@ def test_too_few_samples_say_so():
 
 def test_a_registered_mode_is_held_to_its_wire_dtype_and_joins_the_default_claim():
     from netsim_ddp.precision.modes import MODES, AmpMode, register_mode
-    from netsim_ddp.run.runner import wire_ratio_checks
+    from netsim_ddp.verdicts.run_checks import wire_ratio_checks
 
     class Fp16Everywhere(AmpMode):
         name = "test-fp16-wire"
@@ -204,7 +204,7 @@ def test_a_registered_mode_is_held_to_its_wire_dtype_and_joins_the_default_claim
 
 
 def test_gating_on_a_baseline_from_another_machine_says_which_fields_differ(tmp_path):
-    from netsim_ddp.measure.document import MachineInfo
+    from netsim_ddp.measure.machine import MachineInfo
     from netsim_ddp.run.session import NetsimSession
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
@@ -248,6 +248,7 @@ def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_pat
 
     from netsim_ddp.cli import main
     from netsim_ddp.run.hosts import host_agent as host
+    from netsim_ddp.run.hosts.host_options import HostConfigError
 
     path = save([report_with({"fp32": mode("fp32", seed=1)})], tmp_path / "base.json")
     document = json.loads(path.read_text())
@@ -255,7 +256,7 @@ def test_the_cli_warns_of_a_baseline_from_another_machine_before_it_runs(tmp_pat
     path.write_text(json.dumps(document))
 
     def refuse(options, progress):  # stop where a run would start changing the host
-        raise host.HostConfigError("stopped by the test")
+        raise HostConfigError("stopped by the test")
 
     monkeypatch.setattr(host, "run_host", refuse)
     result = CliRunner().invoke(main, [

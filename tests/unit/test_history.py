@@ -14,13 +14,12 @@ from click.testing import CliRunner
 from netsim_ddp.cli import main
 from netsim_ddp.measure.document import (
     SCHEMA_VERSION,
-    CpuInfo,
-    MachineInfo,
     ResultsDocument,
     load_document,
     parse_document,
     save,
 )
+from netsim_ddp.measure.machine import CpuInfo, MachineInfo
 from netsim_ddp.report.ci import bencher_metrics, github_benchmark, history_summary, run_summary
 from netsim_ddp.verdicts.acceptance import ACCEPTED_FILE
 from netsim_ddp.verdicts.changepoint import runs_to_reach, segment, smallest_p_value

@@ -135,7 +135,8 @@ def test_report_of_a_malformed_results_file_is_one_line_exit_2(tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "scenarios.0.modes.fp32" in lines[0], result.output
-    from netsim_ddp.measure.document import DocumentError, load_document
+    from netsim_ddp.measure.document import load_document
+    from netsim_ddp.measure.record import DocumentError
 
     with pytest.raises(DocumentError):
         load_document(path)

@@ -22,8 +22,9 @@ PACKAGE = Path(netsim_ddp.__file__).parent
 # share) below launcher/ (torch-free: starts ranks) below ranks/ (inside a rank: torch), and the
 # package's __init__ handing on their names.
 WINGS = ("common", "precision", "scenario", "hostfacts", "fabric", "workload.contract",
-         "workload.launcher", "workload.ranks", "workload", "measure", "verdicts", "projection", "report", "run")
-TOP = ("__init__", "_moved", "cli", "plugin")  # may import everything
+         "workload.launcher", "workload.ranks", "workload", "measure", "verdicts", "projection",
+         "report", "run")
+TOP = ("__init__", "cli", "plugin")  # may import everything
 
 
 def _wing(module: str) -> str:

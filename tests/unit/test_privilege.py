@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from netsim_ddp.fabric.namespaces import privilege, userns
-from netsim_ddp.fabric.nic.shaping import NicError, check_may_shape
+from netsim_ddp.fabric.nic.checks import NicError, check_may_shape
 from netsim_ddp.plugin import _may_build_networks
 
 

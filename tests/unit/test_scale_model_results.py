@@ -14,9 +14,9 @@ from netsim_ddp.measure.dilation import (
     to_target_time,
 )
 from netsim_ddp.measure.mode_report import ModeReport
-from netsim_ddp.run.runner import replay_checks
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Tolerance
+from netsim_ddp.verdicts.run_checks import replay_checks
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload.contract.mode_result import RankSamples, Straggler, combine
 

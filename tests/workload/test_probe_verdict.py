@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from netsim_ddp.scenario.workload import AllreduceProbe
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     RESULT_FILE,
     TRAIN,
     VERDICT_FILE,
-    AllreduceProbe,
     _await_verdict,
     attempt_dir,
     give_verdict,

@@ -12,8 +12,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.modes import get_mode
+from netsim_ddp.scenario.compute_noise import ComputeNoise
 from netsim_ddp.scenario.layouts import named_layout
-from netsim_ddp.scenario.workload import ComputeNoise, WorkloadConfig
+from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload.contract.compute_profile import ComputeProfile, LayerTime
 from netsim_ddp.workload.contract.noise_draws import NoiseModel
 from netsim_ddp.workload.ranks.replay import (

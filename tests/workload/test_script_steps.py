@@ -198,7 +198,7 @@ def test_ranks_fold_into_one_result_with_no_compute_and_summed_step_bytes() -> N
 
 def test_a_script_whose_ranks_exchange_nothing_fails_its_measured_check() -> None:
     from netsim_ddp.measure.mode_report import ModeReport
-    from netsim_ddp.run.runner import measurement_checks
+    from netsim_ddp.verdicts.run_checks import measurement_checks
 
     quiet = ModeReport(combined(ddp_models=0), 0.0, 0.0, 1e9)
     (check,) = measurement_checks({"script": quiet}, nodes=2)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LoopbackNode, live_processes_mentioning
+from netsim_ddp.scenario.workload import AllreduceProbe
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
 from netsim_ddp.workload.contract.mode_result import ModeResult
 from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
@@ -19,7 +20,6 @@ from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
     VERDICT_FILE,
-    AllreduceProbe,
     attempt_dir,
     give_verdict,
     read_probe,

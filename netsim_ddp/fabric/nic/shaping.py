@@ -47,8 +47,6 @@ from netsim_ddp.fabric.nic.checks import (
     ifb_available,
     inspect_nic,
     netem_available_here,
-    privilege_problems,
-    qdisc_available_here,
 )
 from netsim_ddp.fabric.nic.job_plan import (
     EGRESS_CHILD_HANDLE,
@@ -63,7 +61,6 @@ from netsim_ddp.fabric.nic.job_plan import (
 from netsim_ddp.fabric.nic.tc_tree import (
     TC_H_INGRESS,
     NicSnapshot,
-    TcRecord,
     TreeError,
     describe_handle,
     rehearse,
@@ -74,12 +71,8 @@ from netsim_ddp.fabric.nic.tc_tree import (
 from netsim_ddp.fabric.plan import tbf
 from netsim_ddp.scenario.spec import EffectiveLink
 
-# The tree's record lives in tc_tree.py, the plan in nic_plan.py.
-# The checks before shaping live in nic_checks.py (their names are handed on here); cleaning up
-# after killed agents in nic_cleanup.py.
-__all__ = ["EGRESS_HANDLE", "NicError", "NicInfo", "NicSnapshot", "TcRecord", "check_may_shape",
-           "check_nic", "egress_plan", "inspect_nic", "privilege_problems",
-           "qdisc_available_here", "snapshot"]
+# The tree's record lives in tc_tree.py, the plan in job_plan.py, the checks before shaping in
+# checks.py, cleaning up after killed agents in cleanup.py.
 
 STATE_VERSION = 2  # 2: the record names its namespace (cookie) and NIC (MAC) beyond the inode
 INGRESS_HANDLE = 0xFFFF0000

@@ -53,14 +53,8 @@ from netsim_ddp.fabric.background import (
 from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.counters.own_link import NIC_ENV
 from netsim_ddp.fabric.namespaces.netns import libc
-from netsim_ddp.fabric.nic.shaping import (
-    JOB_ENV,
-    NicRestoreError,
-    ShapedNic,
-    check_may_shape,
-    check_nic,
-    inspect_nic,
-)
+from netsim_ddp.fabric.nic.checks import check_may_shape, check_nic, inspect_nic
+from netsim_ddp.fabric.nic.shaping import JOB_ENV, NicRestoreError, ShapedNic
 from netsim_ddp.hostfacts.nccl import rank_log_lines
 from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.run.hosts.host_control import (
@@ -70,8 +64,7 @@ from netsim_ddp.run.hosts.host_control import (
     _rank_of,
     _says,
 )
-from netsim_ddp.run.hosts.host_options import (  # names handed on: `host` imports them from here
-    HostConfigError,
+from netsim_ddp.run.hosts.host_options import (
     HostError,
     HostOptions,
     host_placement,
@@ -101,7 +94,7 @@ from netsim_ddp.workload.launcher.launch import (
     torchrun_argv,
 )
 
-__all__ = ["HostAgent", "HostConfigError", "HostError", "HostOptions", "run_host"]
+__all__ = ["HostAgent", "run_host"]
 
 END_WAIT_S = 60.0  # node 0 waits this long for every host to say its NIC is restored
 PR_SET_PDEATHSIG = 1

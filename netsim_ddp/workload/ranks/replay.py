@@ -38,8 +38,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from netsim_ddp.precision.modes import Mode
+from netsim_ddp.scenario.compute_noise import ComputeNoise
 from netsim_ddp.scenario.layouts import Layer, Layout, generic_layout, named_layout
-from netsim_ddp.scenario.workload import GENERIC_LAYOUT, ComputeNoise, WorkloadConfig
+from netsim_ddp.scenario.workload import GENERIC_LAYOUT, WorkloadConfig
 from netsim_ddp.workload.contract.compute_profile import ComputeProfile, read_profile
 from netsim_ddp.workload.contract.noise_draws import NoiseModel, light_factor
 from netsim_ddp.workload.ranks.models import Batch, build_workload
@@ -312,5 +313,4 @@ def build_replay(config: WorkloadConfig, mode: Mode, dilation: float,
 
 
 __all__ = ["ReplayClock", "ReplayModel", "ReplaySchedule", "ReplayTrainer", "build_replay",
-           "generic_layout", "model_layout", "noise_factor", "replay_batches", "replay_layout",
-           "replay_schedule"]
+           "model_layout", "noise_factor", "replay_batches", "replay_layout", "replay_schedule"]
