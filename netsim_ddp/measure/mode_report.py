@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from netsim_ddp.common.metrics import Summary, bus_bandwidth, ring_allreduce_lower_bound, summarize
 from netsim_ddp.measure.attribution import CounterSeries, TailAttribution, attribute
-from netsim_ddp.measure.dilation import replay_late_s
 from netsim_ddp.measure.document import LinkBytesRecord, ModeRecord, StragglerRow, StragglerSummary
+from netsim_ddp.measure.target_time import replay_late_s
 from netsim_ddp.measure.tcp_evidence import tcp_counters
 from netsim_ddp.workload.contract.mode_result import ModeResult
 from netsim_ddp.workload.contract.noise_draws import NoiseModel

@@ -36,9 +36,9 @@ from netsim_ddp.hostfacts.nccl import (
 )
 from netsim_ddp.hostfacts.placement import place
 from netsim_ddp.measure.attribution import CounterSeries
-from netsim_ddp.measure.dilation import to_target_time
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
+from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
 from netsim_ddp.projection.target_busbw import (
     errors,

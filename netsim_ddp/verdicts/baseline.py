@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.metrics import statistic
 from netsim_ddp.common.version import __version__
-from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
 from netsim_ddp.measure.machine import MachineInfo, content_digest, machine_warning, utc_now
+from netsim_ddp.measure.target_time import REAL_TIME, emulation_label
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE
 from netsim_ddp.verdicts.gate import Tolerance, Verdict, regression_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport

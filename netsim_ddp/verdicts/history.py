@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from netsim_ddp.measure.dilation import REAL_TIME, emulation_label
 from netsim_ddp.measure.document import ModeRecord, ResultsDocument, ScenarioRecord, load_document
 from netsim_ddp.measure.machine import MachineInfo, content_digest
 from netsim_ddp.measure.record import DocumentError
+from netsim_ddp.measure.target_time import REAL_TIME, emulation_label
 from netsim_ddp.scenario.expectations import DEFAULT_ALPHA, HIGHER_IS_BETTER
 from netsim_ddp.verdicts.acceptance import (
     ACCEPTED_FILE,

@@ -8,8 +8,8 @@ import statistics
 
 from netsim_ddp.fabric.background import BackgroundBytes, scheduled_on_s
 from netsim_ddp.fabric.delayline import health as delay_line_health
-from netsim_ddp.measure.dilation import replay_late_s, replayed_compute_s
 from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.target_time import replay_late_s, replayed_compute_s
 from netsim_ddp.measure.wire import _measured_window
 from netsim_ddp.precision.modes import (
     MODES,

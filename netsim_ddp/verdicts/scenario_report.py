@@ -12,11 +12,11 @@ from netsim_ddp.hostfacts.hostload import CpuLoad
 from netsim_ddp.hostfacts.nccl import TransportEvidence
 from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.measure.attribution import CounterSeries
-from netsim_ddp.measure.dilation import notice
 from netsim_ddp.measure.document import ResultsDocument, ScenarioRecord
 from netsim_ddp.measure.machine import content_digest
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
+from netsim_ddp.measure.target_time import notice
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.scenario.target_busbw import TargetBusbw
 from netsim_ddp.verdicts.busbw_checks import busbw_record

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from netsim_ddp import Scenario
-from netsim_ddp.measure.dilation import (
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.target_time import (
     REAL_TIME,
     emulation_label,
     notice,
     replay_late_s,
     to_target_time,
 )
-from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.verdicts.baseline import Baseline, BaselineError, save
 from netsim_ddp.verdicts.gate import Tolerance
 from netsim_ddp.verdicts.run_checks import replay_checks

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from netsim_ddp.measure.dilation import (
+from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.target_time import (
     REAL_TIME,
     emulation_label,
     replayed_compute_s,
     to_target_time,
 )
-from netsim_ddp.measure.dilation import replay_late_s as late_series
-from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.target_time import replay_late_s as late_series
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload.contract.steps import ScriptRankRecord

@@ -43,7 +43,7 @@ from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.fabric.nic.checks import NicInfo, check_nic, inspect_nic
 from netsim_ddp.fabric.overlay import check_underlay, overlay
 from netsim_ddp.hostfacts.placement import Placement, place
-from netsim_ddp.measure.dilation import to_target_time
+from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.run.hosts.host_agent import _reason
 from netsim_ddp.run.hosts.host_control import POLL_S, Control, _rank_of
 from netsim_ddp.run.hosts.host_options import AgentOptions, HostConfigError, HostError
