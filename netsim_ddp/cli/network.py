@@ -114,7 +114,7 @@ def plan(file: str, gpus: int | None, machine) -> None:
 
 def _print_fit(scenario: Scenario, machine) -> bool:
     """Whether this host holds the scenario; with a machine kind, how many it needs."""
-    from netsim_ddp.report.sizing import host_fit, sizing_summary, sizing_table
+    from netsim_ddp.report.sizing_tables import host_fit, sizing_summary, sizing_table
     from netsim_ddp.scenario.limits import HostResources
     from netsim_ddp.scenario.sizing import size_machines
 
