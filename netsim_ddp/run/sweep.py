@@ -52,7 +52,7 @@ from netsim_ddp.projection.costmodel import (
 from netsim_ddp.projection.nccl_tests import NcclParseError
 from netsim_ddp.run.runner import run_scenario
 from netsim_ddp.scenario.spec import Scenario, point_label
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
 Progress = Callable[[str], None]

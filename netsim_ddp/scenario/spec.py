@@ -32,7 +32,7 @@ from netsim_ddp.scenario import units
 from netsim_ddp.scenario.compute_noise import check_episode_nodes
 from netsim_ddp.scenario.expectations import NEEDS_COMPUTE, Expectation
 from netsim_ddp.scenario.script_scale import SCRIPT_REPLAY_FIELDS, check_script_scale_model
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 from netsim_ddp.scenario.tcp import TcpConfig, rto_bound_problem
 from netsim_ddp.scenario.units import ETHERNET_HEADER
 from netsim_ddp.scenario.workload import WorkloadConfig

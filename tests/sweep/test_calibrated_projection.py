@@ -15,7 +15,7 @@ from netsim_ddp.projection.cluster import collective_time, project_calibrated
 from netsim_ddp.projection.costmodel import TYPICAL_ETHERNET_ALPHA_S
 from netsim_ddp.report.tables import projection_table
 from netsim_ddp.run.sweep import run_sweep
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 from netsim_ddp.verdicts.scenario_report import results_document
 
 ROOT = Path(__file__).resolve().parents[2]

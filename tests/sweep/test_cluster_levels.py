@@ -30,7 +30,7 @@ from netsim_ddp.projection.cluster import (
 from netsim_ddp.projection.nccl_tests import CALIBRATABLE
 from netsim_ddp.report.tables import projection_table
 from netsim_ddp.run.sweep import run_sweep
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 A3MEGA = ROOT / "tests" / "unit" / "nccl-tests" / "a3mega-2x8-h100.txt"

@@ -13,7 +13,7 @@ from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.projection.costmodel import CostModel, StepPoint
 from netsim_ddp.run.sweep import point_scenario, run_sweep, split_largest
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 from netsim_ddp.verdicts.scenario_report import ScenarioReport, results_document
 from netsim_ddp.workload import ModeResult, RankSamples
 

@@ -23,7 +23,7 @@ from netsim_ddp.projection.cluster import (
     load_cluster,
 )
 from netsim_ddp.projection.costmodel import CostModel
-from netsim_ddp.scenario.sweep import SweepConfig
+from netsim_ddp.scenario.sweep_spec import SweepConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SCALES = ROOT / "scenarios" / "calibrations" / "nccl-tests-scales"
