@@ -173,7 +173,7 @@ def _print_report(human: Console, report) -> None:
 
     human.print(mode_table(report))
     if any(mode.iteration.slow_share for mode in report.modes.values()):
-        from netsim_ddp.report.tails import tail_table  # only runs with a tail print it
+        from netsim_ddp.report.tail_tables import tail_table  # only runs with a tail print it
 
         human.print(tail_table(report))
     for check in report.checks:

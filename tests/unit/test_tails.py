@@ -176,7 +176,7 @@ def test_the_tail_table_shows_percentiles_slow_share_and_causes() -> None:
     from rich.console import Console
 
     from netsim_ddp import Scenario
-    from netsim_ddp.report.tails import tail_table
+    from netsim_ddp.report.tail_tables import tail_table
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
     noise = NoiseModel(ComputeNoise(spread=0.02, seed=2, stalls=Stalls(
@@ -198,7 +198,7 @@ def test_the_tail_table_marks_a_network_share_named_by_elimination() -> None:
     from rich.console import Console
 
     from netsim_ddp import Scenario
-    from netsim_ddp.report.tails import tail_table
+    from netsim_ddp.report.tail_tables import tail_table
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
     report = ScenarioReport(Scenario.from_dict({
