@@ -40,7 +40,7 @@ from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
-from netsim_ddp.projection.target_busbw import (
+from netsim_ddp.projection.busbw_links import (
     errors,
     next_delay,
     plan_target_busbw,

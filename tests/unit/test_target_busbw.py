@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.projection.target_busbw import (
+from netsim_ddp.projection.busbw_links import (
     errors,
     next_delay,
     plan_target_busbw,
