@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from netsim_ddp.fabric.core import Fabric, Node
+from netsim_ddp.fabric.emulated_network import Fabric, Node
 from netsim_ddp.scenario.racks import ring_caps
 from netsim_ddp.scenario.units import header_factor
 

@@ -36,7 +36,7 @@ from netsim_ddp.scenario.units import ETHERNET_HEADER
 FLAP_RATE_BPS = 8_000.0  # a link that is down still needs a valid tbf rate: 1 kB/s
 POLL_S = 0.001
 SAMPLE_EVERY_S = 0.01
-ETH0_INDEX = 2  # in each node's namespace (netsim_ddp.fabric.core)
+ETH0_INDEX = 2  # in each node's namespace (netsim_ddp.fabric.emulated_network)
 FIRST_PORT_INDEX = 10  # switch port of node i
 
 

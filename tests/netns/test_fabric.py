@@ -239,7 +239,7 @@ ROOTLESS = textwrap.dedent("""
     import json, os, sys
     from netsim_ddp.fabric.namespaces import privilege
     from netsim_ddp.fabric.capabilities import probe_capabilities
-    from netsim_ddp.fabric.core import Fabric
+    from netsim_ddp.fabric.emulated_network import Fabric
     from netsim_ddp.fabric.namespaces import netns
     from netsim_ddp import Scenario
     sys.path.insert(0, os.environ["TESTS_DIR"])

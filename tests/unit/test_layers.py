@@ -28,7 +28,7 @@ TOP = ("__init__", "cli", "plugin")  # may import everything
 
 
 def _wing(module: str) -> str:
-    """`netsim_ddp.fabric.core` -> `fabric`; `netsim_ddp.workload.ranks.rank` ->
+    """`netsim_ddp.fabric.emulated_network` -> `fabric`; `netsim_ddp.workload.ranks.rank` ->
     `workload.ranks`; `netsim_ddp.cli` -> `cli`; a name of the package itself
     (`netsim_ddp.Scenario`) -> `__init__`."""
     parts = module.split(".")

@@ -14,11 +14,11 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from netsim_ddp.fabric import naming
-from netsim_ddp.fabric.core import signals_deferred
 from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.fabric.nic.checks import NicError
 from netsim_ddp.fabric.nic.shaping import JOB_ENV, STATE_PREFIX, NicState, _lock, _restore, _unlock
 from netsim_ddp.fabric.nic.tc_tree import TreeError
+from netsim_ddp.fabric.teardown_signals import signals_deferred
 
 
 @dataclass

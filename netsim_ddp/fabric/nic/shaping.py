@@ -38,7 +38,6 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from netsim_ddp.fabric import naming
-from netsim_ddp.fabric.core import signals_deferred
 from netsim_ddp.fabric.nic.checks import (
     NicError,
     NicInfo,
@@ -69,6 +68,7 @@ from netsim_ddp.fabric.nic.tc_tree import (
     snapshot,
 )
 from netsim_ddp.fabric.plan import tbf
+from netsim_ddp.fabric.teardown_signals import signals_deferred
 from netsim_ddp.scenario.spec import EffectiveLink
 
 # The tree's record lives in tc_tree.py, the plan in job_plan.py, the checks before shaping in

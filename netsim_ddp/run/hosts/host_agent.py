@@ -50,11 +50,11 @@ from netsim_ddp.fabric.background import (
     BackgroundError,
     BackgroundTraffic,
 )
-from netsim_ddp.fabric.core import signals_raise
 from netsim_ddp.fabric.counters.own_link import NIC_ENV
 from netsim_ddp.fabric.namespaces.netns import libc
 from netsim_ddp.fabric.nic.checks import check_may_shape, check_nic, inspect_nic
 from netsim_ddp.fabric.nic.shaping import JOB_ENV, NicRestoreError, ShapedNic
+from netsim_ddp.fabric.teardown_signals import signals_raise
 from netsim_ddp.hostfacts.nccl import rank_log_lines
 from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.run.hosts.host_control import (

@@ -38,10 +38,11 @@ from typing import Any
 from netsim_ddp.common.clock import CLOCK_OFFSET_ENV
 from netsim_ddp.common.signals import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import naming
-from netsim_ddp.fabric.core import Fabric, choose_subnet, signals_raise
+from netsim_ddp.fabric.emulated_network import Fabric, choose_subnet
 from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.fabric.nic.checks import NicInfo, check_nic, inspect_nic
 from netsim_ddp.fabric.overlay import check_underlay, overlay
+from netsim_ddp.fabric.teardown_signals import signals_raise
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.run.hosts.host_agent import _reason

@@ -15,12 +15,10 @@ import dataclasses
 import ipaddress
 import os
 import random
-import signal
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +38,7 @@ from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.fabric.namespaces import netns, privilege
 from netsim_ddp.fabric.namespaces.lifetime import ProcessNamespace
 from netsim_ddp.fabric.plan import FabricPlan, NodePlan, QdiscPlan, plan_fabric
+from netsim_ddp.fabric.teardown_signals import signals_deferred, signals_raise
 from netsim_ddp.scenario.spec import Scenario
 
 # Where per-run subnets are drawn from when the scenario names none.
@@ -453,52 +452,3 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
             if dst and route["dst_len"] > 0:
                 networks.append(ipaddress.IPv4Network(f"{dst}/{route['dst_len']}", strict=False))
     return networks
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Teardown runs to its end: a second Ctrl-C (or SIGTERM, SIGHUP) meanwhile is held back
-    and raised once everything is removed, instead of cutting teardown short.
-
-    By swapping the handlers, not by masking the signals: a mask holds them for this thread
-    only, and the kernel hands a process-directed signal to any thread that does not block it
-    (OpenBLAS's workers, which numpy starts on import), whose Python handler then runs here
-    at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-
-    def defer(signum, _frame):
-        received.append(signum)
-
-    previous = {sig: signal.signal(sig, defer)
-                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            if signal.getsignal(sig) is defer:  # else teardown restored its own (signals_raise)
-                signal.signal(sig, handler)
-    if received:
-        if received[0] == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + received[0])
-
-
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into exceptions while the fabric lives, so teardown runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
