@@ -35,7 +35,7 @@ from pathlib import Path
 
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
-from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.common.signal_files import new_window, window_ended
 from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.scenario.spec import BackgroundFlow
 from netsim_ddp.scenario.units import ETHERNET_HEADER, TCP_IP_HEADERS

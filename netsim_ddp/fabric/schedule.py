@@ -25,7 +25,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from netsim_ddp.common.signals import new_window, window_ended
+from netsim_ddp.common.signal_files import new_window, window_ended
 from netsim_ddp.fabric.counters.qdisc_stats import basic_counts, root_qdisc
 from netsim_ddp.fabric.errors import FabricError
 from netsim_ddp.fabric.namespaces import netns

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from netsim_ddp.common.metrics import ring_allreduce_lower_bound
-from netsim_ddp.common.signals import SIGNAL_DIR_ENV
+from netsim_ddp.common.signal_files import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import Fabric
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
 from netsim_ddp.fabric.counters.connection_sampler import ConnectionSampler

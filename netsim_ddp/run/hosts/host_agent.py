@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from netsim_ddp.common.clock import CLOCK_OFFSET_ENV
-from netsim_ddp.common.signals import SIGNAL_DIR_ENV
+from netsim_ddp.common.signal_files import SIGNAL_DIR_ENV
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.background import (
     BackgroundError,

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from netsim_ddp.common.clock import job_clock
 from netsim_ddp.common.files import write_whole
-from netsim_ddp.common.signals import END, START
+from netsim_ddp.common.signal_files import END, START
 from netsim_ddp.fabric.counters.tcp_counters import tcp_mark
 from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.workload.contract.mode_result import ScriptFacts

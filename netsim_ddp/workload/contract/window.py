@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from netsim_ddp.common.signals import END, SIGNAL_DIR_ENV, START, signal_file
+from netsim_ddp.common.signal_files import END, SIGNAL_DIR_ENV, START, signal_file
 
 NODE_ENV = "NETSIM_DDP_NODE"
 # The scenario's node rank of the node a rank runs on: torchrun's c10d rendezvous numbers

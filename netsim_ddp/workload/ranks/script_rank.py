@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from netsim_ddp.common.signals import SIGNAL_DIR_ENV, signal_file
+from netsim_ddp.common.signal_files import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.contract import steps
 from netsim_ddp.workload.contract.window import leads_node, step_loss_reader
 from netsim_ddp.workload.ranks import framework_paths
