@@ -375,7 +375,7 @@ def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, m
     assert scenario.workload is not None
     import torch
 
-    from netsim_ddp.workload.ranks.profile_compute import profile_compute
+    from netsim_ddp.workload.ranks.compute_profiler import profile_compute
 
     torch.set_num_threads(threads)
     profile = profile_compute(scenario.workload, mode_name=mode_name, steps=steps,
