@@ -2,7 +2,7 @@
 
 Both launch the same spec (2 nodes x 1 rank on loopback, a tiny model, one mode) through
 `launch`, rounds interleaved so both see the same machine; the torchrun side is the same launch
-with `agent_module` answering torchrun itself (what NCCL runs get). Prints, per side, the
+with `torchrun_module` answering torchrun itself (what NCCL runs get). Prints, per side, the
 median time from launch to the first result file (start-up: agent, imports, rendezvous, DDP
 wrapper), from there to the launch's return (the agents' exit), and of whole launches, start to
 return, and their ratios. Target: the forked side's median whole launch in at most 0.75 x
@@ -41,9 +41,9 @@ SPEC = RankSpec(workload=WorkloadConfig(params="200k", batch_size=8, iterations=
 
 def one_launch(forked: bool) -> tuple[float, float]:
     """(seconds to the first result, seconds from it to the launch's return)."""
-    original = launch_module.agent_module
+    original = launch_module.torchrun_module
     if not forked:
-        launch_module.agent_module = lambda spec: "torch.distributed.run"
+        launch_module.torchrun_module = lambda spec: "torch.distributed.run"
     try:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "out"
@@ -52,7 +52,7 @@ def one_launch(forked: bool) -> tuple[float, float]:
             end = time.time()
             result = result_path(out, "fp32").stat().st_mtime
     finally:
-        launch_module.agent_module = original
+        launch_module.torchrun_module = original
     return result - start, end - result
 
 

@@ -213,7 +213,8 @@ class Sampler(threading.Thread):
         agents = {}
         for pid in ours - {os.getpid()}:
             try:
-                if b"netsim_ddp.workload.ranks.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"netsim_ddp.workload.ranks.forking_torchrun" in cmdline:
                     agents[pid] = parents[pid]
             except OSError:
                 continue

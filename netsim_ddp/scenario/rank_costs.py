@@ -64,7 +64,7 @@ class NodeCosts:
 
 
 def _forked(scenario: Scenario) -> bool:
-    """Ranks forked from one agent per node (gloo on the CPU: launch.agent_module); a replay
+    """Ranks forked from one agent per node (gloo on the CPU: launch.torchrun_module); a replay
     always runs on gloo. 'auto' may mean NCCL (torchrun's own processes): charged as such."""
     workload = scenario.workload
     return workload is not None and (workload.replayed or workload.backend == "gloo")

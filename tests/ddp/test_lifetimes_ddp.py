@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from netsim_ddp.fabric import naming
-from netsim_ddp.workload.launcher.launch import AGENT_MODULE, RANK_MODULE
+from netsim_ddp.workload.launcher.launch import FORKING_TORCHRUN, RANK_MODULE
 
 pytestmark = [pytest.mark.netns, pytest.mark.ddp, pytest.mark.usefixtures("needs_fabric")]
 
@@ -99,7 +99,7 @@ def test_sigkill_of_run_mid_training_leaves_no_process_alive_after_a_second(tmp_
                      "netsim_ddp.fabric.background sink"):
             assert part in commands, (part, processes)
         # each node's agent and the rank it forked (same command line): 2 nodes x 1 rank
-        agents = [c for c in processes.values() if f"-m {AGENT_MODULE} " in c]
+        agents = [c for c in processes.values() if f"-m {FORKING_TORCHRUN} " in c]
         assert len(agents) == 4 and all(f"-m {RANK_MODULE} " in c for c in agents), processes
         harness.kill()
         killed_at = time.monotonic()

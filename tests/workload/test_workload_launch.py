@@ -15,7 +15,12 @@ from conftest import LoopbackNode, live_processes_mentioning
 from netsim_ddp.scenario.workload import AllreduceProbe
 from netsim_ddp.workload import RankSpec, WorkloadConfig, WorkloadError, launch
 from netsim_ddp.workload.contract.mode_result import ModeResult
-from netsim_ddp.workload.launcher.launch import AGENT_MODULE, agent_module, rank_env, torchrun_argv
+from netsim_ddp.workload.launcher.launch import (
+    FORKING_TORCHRUN,
+    rank_env,
+    torchrun_argv,
+    torchrun_module,
+)
 from netsim_ddp.workload.ranks.collective import (
     AGAIN,
     TRAIN,
@@ -164,12 +169,12 @@ def test_torchrun_and_its_ranks_never_import_from_the_working_directory() -> Non
 
 def test_cpu_ranks_are_forked_from_their_agent_and_others_start_through_torchrun() -> None:
     # A CUDA context does not survive a fork, and 'auto' may pick NCCL on the GPUs.
-    for backend, module in (("gloo", AGENT_MODULE), ("nccl", "torch.distributed.run"),
+    for backend, module in (("gloo", FORKING_TORCHRUN), ("nccl", "torch.distributed.run"),
                             ("auto", "torch.distributed.run")):
         spec = RankSpec(workload=WorkloadConfig(params=1000, backend=backend))
         argv = torchrun_argv(nnodes=1, nproc_per_node=1, node_rank=0, master_addr="10.0.0.1",
                              master_port=29555, spec_path="/s.json", out_dir="/o",
-                             log_dir="/l", agent=agent_module(spec))
+                             log_dir="/l", agent=torchrun_module(spec))
         assert argv[1:4] == ["-P", "-m", module], backend
 
 

@@ -84,7 +84,6 @@ from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec
 from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 from netsim_ddp.workload.launcher.launch import (
-    agent_module,
     c10d_rendezvous,
     failure_report,
     kill_all,
@@ -92,6 +91,7 @@ from netsim_ddp.workload.launcher.launch import (
     rank_env,
     rank_errors,
     torchrun_argv,
+    torchrun_module,
 )
 
 __all__ = ["HostAgent", "run_host"]
@@ -350,7 +350,7 @@ class HostAgent:
                                        self.address),
             spec_path=spec_path, out_dir=out, log_dir=logs / options.node_name,
             profile_dir=out if phase.profile else None,
-            agent=agent_module(RankSpec.model_validate_json(phase.spec)))
+            agent=torchrun_module(RankSpec.model_validate_json(phase.spec)))
         local = {key: value.replace(OUT_MARK, str(options.out_dir))
                  for key, value in phase.env.items()}
         if SIGNAL_DIR_ENV in local:

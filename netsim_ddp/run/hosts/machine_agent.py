@@ -58,10 +58,10 @@ from netsim_ddp.scenario.spec import Scenario, ScenarioError
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import (
-    agent_module,
     rank_env,
     run_nodes,
     torchrun_argv,
+    torchrun_module,
 )
 
 __all__ = ["MachineAgent", "MachineOptions", "run_machine"]
@@ -284,7 +284,7 @@ class MachineAgent:
             nproc_per_node=options.scenario.topology.ranks_per_node, node_rank=node.index,
             master_addr=node0, master_port=phase.port, spec_path=spec_path, out_dir=out,
             log_dir=logs / node.name, profile_dir=out if phase.profile else None,
-            agent=agent_module(spec)) for node in fabric.nodes]
+            agent=torchrun_module(spec)) for node in fabric.nodes]
         local = {key: value.replace(OUT_MARK, str(options.out_dir))
                  for key, value in phase.env.items()}
         if SIGNAL_DIR_ENV in local:  # where the ranks mark their windows' edges

@@ -4,7 +4,7 @@ Every node runs `torchrun --nnodes N --nproc-per-node R --node-rank i --master-a
 --master-port PORT --rdzv-backend static`: the classic fixed multi-node launch, no etcd and no
 c10d rendezvous server; node 0's torchrun hosts the TCP store on ADDR:PORT. For gloo ranks the
 node runs the same options through agent.py, torchrun's agent that forks its ranks from itself
-with torch imported (agent_module).
+with torch imported (torchrun_module).
 
 `launch` owns every process it starts: each torchrun leads its own process group, and on
 failure or timeout the group is stopped, every descendant (torchrun puts its workers in their own
@@ -33,7 +33,7 @@ from netsim_ddp.workload.contract.mode_result import ModeResult, read_result, re
 from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 
 RANK_MODULE = "netsim_ddp.workload.ranks.rank"
-AGENT_MODULE = "netsim_ddp.workload.ranks.agent"
+FORKING_TORCHRUN = "netsim_ddp.workload.ranks.forking_torchrun"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding netsim_ddp/
 TAIL_LINES = 40
 KILL_WAIT_S = 10.0
@@ -62,11 +62,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def agent_module(spec: RankSpec) -> str:
+def torchrun_module(spec: RankSpec) -> str:
     """What each node runs as `python -P -m MODULE TORCHRUN-OPTIONS`: the agent that forks its
     ranks (agent.py) for gloo ranks on the CPU, else torchrun itself, since a CUDA context does
     not survive a fork ('auto' may mean CUDA)."""
-    return AGENT_MODULE if spec.workload.backend == "gloo" else "torch.distributed.run"
+    return FORKING_TORCHRUN if spec.workload.backend == "gloo" else "torch.distributed.run"
 
 
 def torchrun_argv(
@@ -85,10 +85,10 @@ def torchrun_argv(
     agent: str = "torch.distributed.run",
     entry: Sequence[str] | None = None,
 ) -> list[str]:
-    """The command line for one node's torchrun (or `agent`: agent_module), the one place it is
-    built. The nodes meet at node 0's master_addr:master_port (static rendezvous), or through
-    `rendezvous` (c10d_rendezvous: a real host's agent). `entry`: what torchrun starts on each
-    rank instead of the built-in loop (spec_path and out_dir unused)."""
+    """The command line for one node's torchrun (or the forking one: torchrun_module), the one
+    place it is built. The nodes meet at node 0's master_addr:master_port (static rendezvous),
+    or through `rendezvous` (c10d_rendezvous: a real host's agent). `entry`: what torchrun
+    starts on each rank instead of the built-in loop (spec_path and out_dir unused)."""
     meet = list(rendezvous) if rendezvous is not None else [
         "--node-rank", str(node_rank),
         "--master-addr", master_addr,
@@ -186,7 +186,7 @@ def launch(
             out_dir=out,
             log_dir=logs / node.name,
             profile_dir=out if profile else None,
-            agent=agent_module(spec),
+            agent=torchrun_module(spec),
         )
         for node_rank, node in enumerate(nodes)
     ]

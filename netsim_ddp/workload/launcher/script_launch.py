@@ -24,7 +24,7 @@ from netsim_ddp.workload.contract.steps import (
     record_path,
 )
 from netsim_ddp.workload.launcher.launch import (
-    AGENT_MODULE,
+    FORKING_TORCHRUN,
     LaunchNode,
     WorkloadError,
     _tail,
@@ -97,7 +97,7 @@ def launch_script(
         spec_path = folder / "script-spec.json"
         spec_path.write_text(spec.model_dump_json(indent=1))
         port = free_port()
-        agent = AGENT_MODULE if workload.backend == "gloo" else "torch.distributed.run"
+        agent = FORKING_TORCHRUN if workload.backend == "gloo" else "torch.distributed.run"
         argvs = [torchrun_argv(nnodes=len(nodes), nproc_per_node=ranks_per_node,
                                node_rank=index, master_addr=nodes[0].address, master_port=port,
                                spec_path=spec_path, out_dir=folder, log_dir=logs / node.name,

@@ -265,8 +265,8 @@ def _flush_all() -> None:
 
 
 def forked_main(argv: list[str]) -> None:
-    """A rank forked from netsim_ddp.workload.ranks.agent: torch is imported already. The fork's
-    end is os._exit, so no C++ static destructor runs (see below)."""
+    """A rank forked from netsim_ddp.workload.ranks.forking_torchrun: torch is imported already.
+    The fork's end is os._exit, so no C++ static destructor runs (see below)."""
     main(argv)
     _flush_all()
 

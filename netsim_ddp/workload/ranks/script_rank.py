@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def forked_main(argv: list[str]) -> None:
-    """A rank forked from netsim_ddp.workload.ranks.agent (torch imported already)."""
+    """A rank forked from netsim_ddp.workload.ranks.forking_torchrun (torch imported already)."""
     main(argv)
     _flush_all()
 

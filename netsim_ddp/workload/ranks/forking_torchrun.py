@@ -1,8 +1,8 @@
 """One emulated node's torchrun whose ranks are forked from it, torch already imported:
 
-    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS
+    python -P -m netsim_ddp.workload.ranks.forking_torchrun TORCHRUN-OPTIONS
         -m netsim_ddp.workload.ranks.rank ARGS
-    python -P -m netsim_ddp.workload.ranks.agent TORCHRUN-OPTIONS
+    python -P -m netsim_ddp.workload.ranks.forking_torchrun TORCHRUN-OPTIONS
         -m netsim_ddp.workload.ranks.script_rank SCRIPT ARGS   (a user's script: script_rank.py)
 
 The options are torchrun's, read by torchrun's own parser into torchrun's own launch config,
@@ -13,7 +13,7 @@ than a small scenario's measured steps on a 2-core host). Here the agent imports
 forks the ranks from itself ("fork" start method), which then run `rank.forked_main`.
 
 Only for ranks on the CPU: a CUDA context does not survive a fork, so NCCL runs go through
-torchrun itself (launch.agent_module decides).
+torchrun itself (launch.torchrun_module decides).
 """
 
 from __future__ import annotations
