@@ -61,19 +61,19 @@ def print_sweep(entry: SweepRecord) -> None:
             print(f"  {point.label:<18}{mode:<10}{m.step_s * 1e3:9.1f}"
                   f"{m.compute_s * 1e3:9.1f}{m.comm_s * 1e3:8.1f}"
                   f"{m.scaling_efficiency:6.2f}{m.throughput_samples_s:11.0f}")
-    holdout = entry.holdout
-    if holdout:
-        fitted = holdout.fit.model
+    held_out = entry.held_out
+    if held_out:
+        fitted = held_out.fit.model
         print(f"\nheld-out check: fitted on the smaller points: alpha "
               f"{fitted.alpha_s * 1e3:.2f} ms, bandwidth {fitted.bandwidth_efficiency:.0%} "
               f"of link, overlap {fitted.overlap:.2f}")
-        for held in holdout.held_out:
+        for held in held_out.held_out:
             print(f"  {held.label:<18}{held.mode:<10} measured "
                   f"{(held.step_s or 0) * 1e3:7.1f} ms, predicted {held.predicted_s * 1e3:7.1f}"
                   f" ms, error {held.error:+.1%}")
-        verdict = "within" if holdout.within_target else "OUTSIDE"
-        print(f"  max |error| {holdout.max_abs_error:.1%}: {verdict} the "
-              f"{holdout.target:.0%} target")
+        verdict = "within" if held_out.within_target else "OUTSIDE"
+        print(f"  max |error| {held_out.max_abs_error:.1%}: {verdict} the "
+              f"{held_out.target:.0%} target")
     if entry.fit:
         model = entry.fit.model
         print(f"\nmodel on all points: alpha {model.alpha_s * 1e3:.2f} ms, bandwidth "

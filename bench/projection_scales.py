@@ -50,7 +50,7 @@ from pathlib import Path
 
 from netsim_ddp.projection.calibrate import MIB, Calibration, load
 from netsim_ddp.projection.cluster import Cluster, allreduce_time, check_network, load_cluster
-from netsim_ddp.projection.file_holdout import HeldOutErrors
+from netsim_ddp.projection.held_out_files import HeldOutErrors
 from netsim_ddp.scenario.units import format_size, parse_rate, parse_size
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -292,7 +292,7 @@ def fabric(scenario: Scenario) -> Iterator[Any]:
 def netsim_run(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """Run a scenario's training (its file, dict or Scenario) with this session's options;
     returns the ScenarioReport (modes, checks, status), or for a scenario with a [sweep] the
-    SweepReport (its points, fit, hold-out). A run without overrides is the one its scenario
+    SweepReport (its points, fit, held-out check). A run without overrides is the one its scenario
     file's item would make: that item reports it rather than measure it again."""
     session = request.config.stash[_SESSION]
 

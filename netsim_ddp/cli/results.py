@@ -203,7 +203,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         regime_lines,
     )
     from netsim_ddp.projection.cluster import check_network, nics_of
-    from netsim_ddp.projection.file_holdout import file_holdout_lines, leave_one_file_out
+    from netsim_ddp.projection.held_out_files import held_out_file_lines, leave_one_file_out
     from netsim_ddp.projection.nccl_tests import CALIBRATABLE, NcclParseError
 
     try:
@@ -249,7 +249,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
                                         nic_bandwidth_bps=nic_bandwidth)
     except CalibrationError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
-    for line_text in file_holdout_lines(held_files):
+    for line_text in held_out_file_lines(held_files):
         human.print(escape(line_text))
     _write_json(json_out, {"calibrations": documents,
                            "leave_one_file_out": [h.as_dict() for h in held_files]})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import (
+    AliasChoices,
     Field,
     ValidationError,
     field_validator,
@@ -386,8 +387,8 @@ class HeldOutPointRecord(StepPointRecord):
     measured_efficiency: float | None = None
 
 
-class HoldoutCheckRecord(Record):
-    """The hold-out check of a fit: every held-out point, the worst error, and its verdict."""
+class HeldOutCheckRecord(Record):
+    """The held-out check of a fit: every held-out point, the worst error, and its verdict."""
 
     fit: FitRecord
     held_out: list[HeldOutPointRecord]
@@ -492,7 +493,9 @@ class SweepRecord(_Judged):
     config: dict[str, Any] = Field(default_factory=dict)
     points: list[SweepPointRecord]
     fit: FitRecord | None = None
-    holdout: HoldoutCheckRecord | None = None
+    # Results saved before the rename spell it `holdout`.
+    held_out: HeldOutCheckRecord | None = Field(
+        None, validation_alias=AliasChoices("held_out", "holdout"))
     projection: ProjectionRecord | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -568,7 +571,7 @@ def save(document: ResultsDocument, path: str | Path) -> Path:
 
 
 __all__ = ["LEGACY_VERSION", "SCHEMA_VERSION", "CalibrationRecord", "CheckRecord", "CpuLoadRecord",
-           "FidelityRecord", "FitRecord", "HeldOutPointRecord", "HoldoutCheckRecord",
+           "FidelityRecord", "FitRecord", "HeldOutPointRecord", "HeldOutCheckRecord",
            "LinkBytesRecord", "LinkChangeRecord", "ModeRecord", "NetworkRecord", "PlacementRecord",
            "PointModeRecord", "ProjectionRecord", "ProjectionRow", "ResultsDocument",
            "ScenarioRecord", "ScheduleWindowRecord", "SeriesSummaries", "StepPointRecord",

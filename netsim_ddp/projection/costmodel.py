@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from netsim_ddp.common.metrics import median_interval, ring_factor
-from netsim_ddp.measure.document import FitRecord, HoldoutCheckRecord, ProjectionRecord
+from netsim_ddp.measure.document import FitRecord, HeldOutCheckRecord, ProjectionRecord
 
 MIN_EFFICIENCY = 1e-3  # bounds of the fit; eff above 1 would beat the wire
 MAX_ALPHA_S = 10.0
@@ -196,7 +196,7 @@ def fit(points: Iterable[StepPoint]) -> FitResult:
 
 
 @dataclass
-class HoldoutResult:
+class HeldOutResult:
     """Fit on some points, predict the others, and how far off the predictions were.
 
     A held-out point is *missed* when the prediction is off by more than the target and also
@@ -260,8 +260,8 @@ class HoldoutResult:
                 worst[point.mode] = error
         return worst
 
-    def to_record(self) -> HoldoutCheckRecord:
-        return HoldoutCheckRecord.model_validate({
+    def to_record(self) -> HeldOutCheckRecord:
+        return HeldOutCheckRecord.model_validate({
             "fit": self.fit.to_record(),
             "held_out": [{**_point_dict(p), "predicted_s": pred, "error": err,
                           "measured_interval_s": list(interval), "missed": missed,
@@ -279,10 +279,10 @@ class HoldoutResult:
         }, strict=False)
 
 
-def holdout(train: Sequence[StepPoint], held_out: Sequence[StepPoint],
-            target: float = 0.15) -> HoldoutResult:
+def check_held_out(train: Sequence[StepPoint], held_out: Sequence[StepPoint],
+            target: float = 0.15) -> HeldOutResult:
     fitted = fit(train)
-    return HoldoutResult(fitted, list(held_out), [fitted.model.step_s(p) for p in held_out],
+    return HeldOutResult(fitted, list(held_out), [fitted.model.step_s(p) for p in held_out],
                          target)
 
 

@@ -172,8 +172,8 @@ def plot_scaling(sweep: SweepRecord, path: Path) -> Path:
     plt = pyplot()
     by_mode = _sweep_mode_points(sweep)
     fit = sweep.fit
-    holdout = sweep.holdout
-    held_labels = {(p.label, p.mode) for p in holdout.held_out} if holdout else set()
+    held_out = sweep.held_out
+    held_labels = {(p.label, p.mode) for p in held_out.held_out} if held_out else set()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, (mode, points) in enumerate(by_mode.items()):
         color = mode_color(mode, i)
@@ -192,8 +192,8 @@ def plot_scaling(sweep: SweepRecord, path: Path) -> Path:
                                                     ref.buckets, compute)) for n in grid]
             ax.plot(grid, predicted, "--", color=color, alpha=0.6,
                     label=f"{mode} model (all points)")
-        if holdout:
-            for h in holdout.held_out:
+        if held_out:
+            for h in held_out.held_out:
                 if h.mode == mode:
                     ax.scatter([h.world_size], [h.predicted_efficiency], marker="x", s=60,
                                color=color, zorder=4,
@@ -389,7 +389,7 @@ def report(results_json_path: str | Path, out_dir: str | Path,
                     sweep.projection = reproject(sweep.projection, calibrated)
         return _report(document, results_json_path, out_dir, history)
     except (KeyError, ValueError, ZeroDivisionError) as exc:
-        # Valid records that do not fit together: a hold-out naming a mode no point has, a
+        # Valid records that do not fit together: a held-out check naming a mode no point has, a
         # projection without the GPU counts its rows promise.
         if isinstance(exc, DocumentError) or _is_calibration_error(exc):
             raise
@@ -484,19 +484,19 @@ def _sweep_section(doc: _Doc, sweep: SweepRecord, out: Path) -> None:
                 plot_jitter(point.scenario, out / name,
                             f"{sweep.name} at {point.label}: jitter")
                 doc.image(name, f"jitter at {point.label}")
-    holdout = sweep.holdout
-    if holdout:
-        model = holdout.fit.model
+    held_out = sweep.held_out
+    if held_out:
+        model = held_out.fit.model
         doc.heading("Cost model: held-out check", 3)
         doc.para(f"Fitted on the smaller points only: alpha {model.alpha_s * 1e3:.2f} ms per "
                  f"hop, all-reduce bandwidth {model.bandwidth_efficiency:.0%} of the link, "
                  f"overlap {model.overlap:.2f} of compute. Max |error| on the held-out points "
-                 f"{holdout.max_abs_error:.1%} (target {holdout.target:.0%}: "
-                 f"{holdout.verdict or ('ok' if holdout.within_target else 'MISSED')}).")
+                 f"{held_out.max_abs_error:.1%} (target {held_out.target:.0%}: "
+                 f"{held_out.verdict or ('ok' if held_out.within_target else 'MISSED')}).")
         doc.table(["point", "mode", "measured step ms (95% interval)", "predicted ms", "error"],
                   [[h.label, h.mode, _measured_with_interval(h),
                     f"{h.predicted_s * 1e3:.1f}", f"{h.error:+.1%}"]
-                   for h in holdout.held_out])
+                   for h in held_out.held_out])
     fit = sweep.fit
     if fit:
         model = fit.model

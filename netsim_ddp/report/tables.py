@@ -119,11 +119,11 @@ def sweep_tables(sweep) -> list[object]:
         out.append(f"cost model (all points): alpha {m.alpha_s * 1e3:.2f} ms per hop, "
                    f"all-reduce at {m.bandwidth_efficiency:.0%} of the link, overlap "
                    f"{m.overlap:.2f}; rms error {sweep.fit.rms_relative_error:.1%}")
-    if sweep.holdout is not None:
+    if sweep.held_out is not None:
         errors = ", ".join(f"{mode} {error:+.1%}" for mode, error in
-                           sweep.holdout.errors_by_mode().items())
+                           sweep.held_out.errors_by_mode().items())
         out.append(f"held-out prediction of the largest points: {errors} "
-                   f"(target within {sweep.holdout.target:.0%}: {sweep.holdout.verdict})")
+                   f"(target within {sweep.held_out.target:.0%}: {sweep.held_out.verdict})")
     if sweep.projection is not None:
         out.append(projection_table(sweep.projection.to_record()))
         out.extend(f"note: {note}" for note in sweep.projection.notes)

@@ -103,7 +103,7 @@ class NetsimSession:
                 "out_dir": scenario_folder(self.out_dir, scenario) if self.out_dir else None}
 
     def run_sweep(self, scenario: Scenario, **overrides):
-        """A scenario with a [sweep]: every point, the cost model, hold-out and projection. A
+        """A scenario with a [sweep]: every point, the cost model, held-out check and projection. A
         point that breaks is recorded as an error and the sweep goes on with the next."""
         from netsim_ddp.run.sweep import run_sweep
 
@@ -213,9 +213,9 @@ class NetsimSession:
                                 if result.collective else "")
                              + f"  wire {result.wire_bytes_per_iteration / 1e6:8.2f} MB/it")
         for sweep in self.sweeps:
-            held_out = (f"held-out error up to {sweep.holdout.max_abs_error:.1%} (target "
-                        f"{sweep.holdout.target:.0%}: {sweep.holdout.verdict})"
-                        if sweep.holdout else "no hold-out")
+            held_out = (f"held-out error up to {sweep.held_out.max_abs_error:.1%} (target "
+                        f"{sweep.held_out.target:.0%}: {sweep.held_out.verdict})"
+                        if sweep.held_out else "no held-out check")
             lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
                          f", {len(sweep.points)} points, {held_out}"
                          + _probe_summary([point.report for point in sweep.points]))
@@ -252,9 +252,9 @@ class NetsimSession:
             if not point.report.passed:
                 lines.append(f"  point {point.label}: "
                              + NetsimSession.failure_text(point.report).replace("\n", "\n  "))
-        if sweep.holdout is not None and not sweep.holdout.met:
+        if sweep.held_out is not None and not sweep.held_out.met:
             lines.append(f"  the cost model missed the held-out points by up to "
-                         f"{sweep.holdout.max_abs_error:.1%} (target {sweep.holdout.target:.0%})")
+                         f"{sweep.held_out.max_abs_error:.1%} (target {sweep.held_out.target:.0%})")
         lines += [f"  note: {note}" for note in sweep.notes]
         return "\n".join(lines)
 

@@ -6,7 +6,7 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
 
     [sweep]
     nodes = [1, 2, 3]                # any of nodes, ranks_per_node, rate, params: the cross product
-    holdout = "largest"              # fit on the smaller points, predict the largest world size
+    held_out = "largest"              # fit on the smaller points, predict the largest world size
     target_error = 0.15
     [sweep.projection]
     gpus = [16, 64, 256, 1024]
@@ -18,7 +18,7 @@ In a scenario file (once `Scenario.sweep` is wired; until then pass a `SweepConf
 
 The JSON a sweep adds to `netsim-ddp run --json` (see `scenario_report.results_document`): a
 top-level "sweeps" list, each entry {name, axes, points: [{values, world_size, modes: {mode:
-per-point numbers}, scenario: the same per-scenario dict as "scenarios"}], fit, holdout,
+per-point numbers}, scenario: the same per-scenario dict as "scenarios"}], fit, held_out,
 projection}.
 """
 
@@ -42,11 +42,11 @@ from netsim_ddp.projection.costmodel import (
     TYPICAL_ETHERNET_ALPHA_S,
     FitError,
     FitResult,
-    HoldoutResult,
+    HeldOutResult,
     Projection,
     StepPoint,
+    check_held_out,
     fit,
-    holdout,
     project,
 )
 from netsim_ddp.projection.nccl_tests import NcclParseError
@@ -129,9 +129,9 @@ class SweepReport:
     config: SweepConfig
     points: list[SweepPoint] = field(default_factory=list)
     fit: FitResult | None = None  # on every usable point: the model the projection uses
-    holdout: HoldoutResult | None = None
+    held_out: HeldOutResult | None = None
     projection: Projection | None = None
-    notes: list[str] = field(default_factory=list)  # why a fit, hold-out or projection is absent
+    notes: list[str] = field(default_factory=list)  # why a fit, check or projection is absent
     seconds: float = 0.0
     calibration: Cluster | None = None  # nccl-tests times (network, NVLink) the projection uses
 
@@ -139,16 +139,16 @@ class SweepReport:
     def status(self) -> str:
         """"failed" when a point failed its checks or broke; else "refused" when this host
         could not drive a point faithfully (as for a single scenario, no verdict: the model
-        and its hold-out were fitted on what was left), or when the hold-out missed while the
-        hypervisor stole noticeable CPU time (the points were measured minutes apart, so a
-        neighbour can shift one against another); else "failed" when the hold-out missed
-        (`HoldoutResult.met`); else "passed"."""
+        and its held-out check were fitted on what was left), or when the held-out check missed
+        while the hypervisor stole noticeable CPU time (the points were measured minutes apart, so a
+        neighbour can shift one against another); else "failed" when the held-out check missed
+        (`HeldOutResult.met`); else "passed"."""
         statuses = {point.report.status for point in self.points}
         if statuses & {"failed", "error"}:
             return "failed"
-        if "refused" in statuses or self._holdout_disturbed:
+        if "refused" in statuses or self._held_out_disturbed:
             return "refused"
-        return "failed" if self.holdout and not self.holdout.met else "passed"
+        return "failed" if self.held_out and not self.held_out.met else "passed"
 
     @property
     def steal(self) -> float:
@@ -156,8 +156,8 @@ class SweepReport:
         return max_steal(point.report.host_load for point in self.points)
 
     @property
-    def _holdout_disturbed(self) -> bool:
-        return (self.holdout is not None and not self.holdout.met
+    def _held_out_disturbed(self) -> bool:
+        return (self.held_out is not None and not self.held_out.met
                 and self.steal >= STEAL_NOTICEABLE)
 
     @property
@@ -168,11 +168,11 @@ class SweepReport:
     def refusals(self) -> list[str]:
         reasons = [f"point {point_label(point.values)}: {point.report.refused}"
                    for point in self.points if point.report.refused]
-        if self._holdout_disturbed:
-            assert self.holdout is not None
+        if self._held_out_disturbed:
+            assert self.held_out is not None
             reasons.append(
                 f"the cost model missed the held-out points by up to "
-                f"{self.holdout.max_abs_error:.1%} (target {self.holdout.target:.0%}) while the "
+                f"{self.held_out.max_abs_error:.1%} (target {self.held_out.target:.0%}) while the "
                 f"hypervisor took up to {self.steal:.0%} of this host's CPU time: not judged, "
                 "since a neighbour shifts points measured minutes apart. Rerun on a quieter host")
         return reasons
@@ -190,7 +190,7 @@ class SweepReport:
             "config": self.config.model_dump(mode="json"),
             "points": [point.to_record() for point in self.points],
             "fit": self.fit.to_record() if self.fit else None,
-            "holdout": self.holdout.to_record() if self.holdout else None,
+            "held_out": self.held_out.to_record() if self.held_out else None,
             "projection": self.projection.to_record() if self.projection else None,
             "notes": self.notes,
         }, strict=False)
@@ -262,13 +262,13 @@ def analyse(report: SweepReport) -> None:
         report.notes.append(
             f"the points barely separate alpha, bandwidth and overlap (condition "
             f"{report.fit.condition:.0f}): vary nodes and model size for a firmer fit")
-    if report.config.holdout == "largest":
+    if report.config.held_out == "largest":
         train, held = split_largest(usable)
         if not held or not train:
             report.notes.append("no held-out check: the sweep has one size only")
         else:
             try:
-                report.holdout = holdout([s for p in train for s in p.step_points()],
+                report.held_out = check_held_out([s for p in train for s in p.step_points()],
                                          [s for p in held for s in p.step_points()],
                                          report.config.target_error)
             except FitError as exc:

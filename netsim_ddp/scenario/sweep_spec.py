@@ -7,6 +7,7 @@ from itertools import product
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -112,9 +113,11 @@ class SweepConfig(_Strict):
     ranks_per_node: list[int] | None = Field(None, min_length=1)
     rate: list[Rate] | None = Field(None, min_length=1, description="Link rates.")
     params: list[Count] | None = Field(None, min_length=1, description="Model sizes.")
-    holdout: Literal["largest", "none"] = Field(
-        "largest", description="'largest': fit on the other points and predict the points "
-        "with the largest world size (then the largest model); 'none': no held-out check.")
+    # `holdout`, its earlier spelling, still reads: scenario files outlive renames.
+    held_out: Literal["largest", "none"] = Field(
+        "largest", validation_alias=AliasChoices("held_out", "holdout"),
+        description="'largest': fit on the other points and predict the points with the largest "
+        "world size (then the largest model); 'none': no held-out check.")
     target_error: float = Field(0.15, gt=0, description="Held-out |error| the model must meet.")
     projection: ProjectionConfig = Field(default_factory=ProjectionConfig)
 

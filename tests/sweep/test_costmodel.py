@@ -9,8 +9,8 @@ from netsim_ddp.projection.costmodel import (
     CostModel,
     FitError,
     StepPoint,
+    check_held_out,
     fit,
-    holdout,
     project,
 )
 
@@ -99,17 +99,17 @@ def test_a_sweep_that_cannot_separate_the_parameters_says_so():
     assert result.rms_relative_error < 1e-6  # it still fits the points it has
 
 
-def test_holdout_predicts_the_largest_world_size():
+def test_held_out_predicts_the_largest_world_size():
     points = synthetic(noise=0.01, seed=4, worlds=(2, 3, 4, 6))
     train = [p for p in points if p.world_size < 6]
     held = [p for p in points if p.world_size == 6]
-    result = holdout(train, held)
+    result = check_held_out(train, held)
     assert len(result.errors) == len(held)
     assert result.max_abs_error < 0.1 and result.within_target
     # The check can fail: a model with the wrong bandwidth misses by far more than 15%.
     wrong = [StepPoint(p.mode, p.world_size, p.link_bps, p.bytes_per_rank, p.buckets,
                        p.compute_s, p.step_s * 1.5) for p in held]
-    assert not holdout(train, wrong).within_target
+    assert not check_held_out(train, wrong).within_target
     assert set(result.errors_by_mode()) == {"fp32", "amp-fp16"}
 
 
@@ -140,11 +140,11 @@ def test_projection_is_labelled_and_behaves():
     assert row["efficiency"] == pytest.approx(0.1 / (0.1 + expected_ar - 0.03))
 
 
-def test_a_holdout_miss_counts_only_beyond_the_measurements_noise():
+def test_a_held_out_miss_counts_only_beyond_the_measurements_noise():
     train = synthetic(worlds=(2, 3))
     exact = [p for p in synthetic(worlds=(4,)) if p.mode == "fp32"][:1]
     (point,) = exact
-    predicted = holdout(train, exact).predicted_s[0]
+    predicted = check_held_out(train, exact).predicted_s[0]
 
     def measured(scale, spread):
         # 10 steps spread symmetrically around a median of predicted x scale
@@ -154,17 +154,17 @@ def test_a_holdout_miss_counts_only_beyond_the_measurements_noise():
                           point.compute_s, predicted * scale, "n=4", samples)]
 
     # 17% slower than predicted with tight steps: missed.
-    tight = holdout(train, measured(1.2, 0.02))
+    tight = check_held_out(train, measured(1.2, 0.02))
     assert tight.max_abs_error > 0.15 and tight.misses == [True] and not tight.met
     assert tight.verdict == "MISSED"
     # The same median from steps that scatter +-30%: the miss is within the noise.
-    noisy = holdout(train, measured(1.2, 0.3))
+    noisy = check_held_out(train, measured(1.2, 0.3))
     assert noisy.max_abs_error > 0.15 and noisy.misses == [False] and noisy.met
     assert not noisy.within_target and "noise" in noisy.verdict
     entry = noisy.to_record().dump()["held_out"][0]
     assert entry["missed"] is False and entry["measured_interval_s"][0] < entry["step_s"]
     # Off by twice the measured step, no amount of this noise hides it.
-    assert not holdout(train, measured(0.5, 0.3)).met
+    assert not check_held_out(train, measured(0.5, 0.3)).met
 
 
 def test_errors_by_mode_keeps_each_modes_worst_point():
@@ -173,5 +173,5 @@ def test_errors_by_mode_keeps_each_modes_worst_point():
     held = [StepPoint(p.mode, p.world_size, p.link_bps, p.bytes_per_rank, p.buckets,
                       p.compute_s, p.step_s * (1.1 if i == 1 else 1.0))
             for i, p in enumerate(p for p in points if p.world_size == 4)]
-    worst = holdout(train, held).errors_by_mode()
+    worst = check_held_out(train, held).errors_by_mode()
     assert worst["amp-fp16"] == pytest.approx(1 / 1.1 - 1, rel=1e-3)  # the second point

@@ -1,5 +1,5 @@
 """A real sweep, end to end: the shipped scenarios/sweep.toml (1-3 emulated nodes at 1 Gbit/s, two
-model sizes, real DDP runs), its points, fit and hold-out, the JSON and the report with its
+model sizes, real DDP runs), its points, fit and held-out check, the JSON and the report with its
 plots. Its own scenario item then reports this sweep rather than run it again."""
 
 from pathlib import Path
@@ -65,10 +65,10 @@ def test_fit_hold_out_and_projection(shipped_sweep):
     # Fitted on the 1-2 node points, judged on the 3-node points it did not see.
     assert shipped_sweep.fit is not None and shipped_sweep.fit.identifiable
     assert 0.5 <= shipped_sweep.fit.model.bandwidth_efficiency <= 1.0
-    holdout = shipped_sweep.holdout
-    assert holdout is not None
-    assert {point.world_size for point in holdout.held_out} == {3}
-    assert len(holdout.errors) == 4  # 2 sizes x 2 modes
+    held_out = shipped_sweep.held_out
+    assert held_out is not None
+    assert {point.world_size for point in held_out.held_out} == {3}
+    assert len(held_out.errors) == 4  # 2 sizes x 2 modes
     projection = shipped_sweep.projection
     assert projection is not None and len(projection.rows) == 2 * 4 * 3  # modes x GPUs x rates
 

@@ -96,9 +96,9 @@ def test_run_sweep_fits_checks_and_projects_known_costs(tmp_path):
     assert model.bandwidth_efficiency == pytest.approx(TRUE.bandwidth_efficiency, rel=1e-3)
     assert model.overlap == pytest.approx(TRUE.overlap, abs=1e-3)
     # Held out: the 4-node points (both model sizes), every mode, predicted from 1-3 nodes.
-    held = sweep.holdout.held_out
+    held = sweep.held_out.held_out
     assert {p.world_size for p in held} == {4} and len(held) == 6
-    assert sweep.holdout.max_abs_error < 1e-3 and sweep.passed
+    assert sweep.held_out.max_abs_error < 1e-3 and sweep.passed
     # Efficiency and throughput per mode per point.
     one, four = sweep.points[0].mode_numbers(), sweep.points[-1].mode_numbers()
     assert one["fp32"]["scaling_efficiency"] == pytest.approx(1.0)
@@ -123,8 +123,8 @@ def test_a_noisy_sweep_that_misses_the_target_says_so():
         return report
 
     sweep = run_sweep(base(), SweepConfig(nodes=[2, 3, 4], params=["2M", "4M"]), runner=runner)
-    assert not sweep.holdout.met and sweep.status == "failed"
-    assert sweep.holdout.max_abs_error > 0.15
+    assert not sweep.held_out.met and sweep.status == "failed"
+    assert sweep.held_out.max_abs_error > 0.15
 
 
 def slowed_runner(factor, steal):
@@ -144,7 +144,7 @@ def slowed_runner(factor, steal):
     return run
 
 
-def test_a_holdout_missed_while_the_hypervisor_stole_cpu_is_not_judged():
+def test_a_held_out_missed_while_the_hypervisor_stole_cpu_is_not_judged():
     config = SweepConfig(nodes=[2, 3, 4], params=["2M", "4M"])
     sweep = run_sweep(base(), config, runner=slowed_runner(1.3, steal=0.2))
     assert sweep.status == "refused" and sweep.steal == 0.2
@@ -158,7 +158,7 @@ def test_a_holdout_missed_while_the_hypervisor_stole_cpu_is_not_judged():
 
 def test_split_and_notes_when_there_is_nothing_to_hold_out():
     sweep = run_sweep(base(), SweepConfig(rate=["1gbit"]), runner=fake_runner())
-    assert sweep.holdout is None and any("one size" in n for n in sweep.notes)
+    assert sweep.held_out is None and any("one size" in n for n in sweep.notes)
     train, held = split_largest(sweep.points)
     assert held == [] and train == sweep.points
 
@@ -194,10 +194,19 @@ def test_json_document_and_report(tmp_path):
                                            "scaling_efficiency", "throughput_samples_s",
                                            "wire_bytes_per_iteration", "buckets"}
     assert point["scenario"]["modes"]["fp32"]["iteration_s"]  # the per-scenario dict, whole
-    assert set(entry["holdout"]) >= {"fit", "held_out", "errors_by_mode", "max_abs_error",
+    assert set(entry["held_out"]) >= {"fit", "held_out", "errors_by_mode", "max_abs_error",
                                      "target", "within_target"}
     assert "not measured" in entry["projection"]["label"]
     assert entry["projection"]["assumptions"]
+    # A document saved before `holdout` was spelled `held_out` reads the same check.
+    from netsim_ddp.measure.document import parse_document
+
+    old = json.loads(json.dumps(document))
+    old["sweeps"][0]["holdout"] = old["sweeps"][0].pop("held_out")
+    (read,) = parse_document(old).sweeps
+    assert read.held_out is not None and read.held_out.max_abs_error == entry["held_out"][
+        "max_abs_error"]
+    assert "holdout" not in json.loads(read.model_dump_json())
 
     from netsim_ddp.report.plots import report
 
@@ -231,6 +240,10 @@ def test_sweep_file_loads(tmp_path):
         "target_error = 0.15", "target_eror = 0.15"))
     with pytest.raises(ScenarioError, match="sweep.target_eror"):
         Scenario.load(bad)
+    old = tmp_path / "old.toml"  # the field's earlier spelling still reads
+    old.write_text((root / "scenarios" / "sweep.toml").read_text().replace(
+        'held_out = "largest"', 'holdout = "none"'))
+    assert Scenario.load(old).sweep.held_out == "none"
 
 
 def refusing_runner(refuse_nodes, fail_nodes=()):
@@ -271,7 +284,7 @@ def test_a_refused_point_leaves_the_hold_out_unjudged():
 
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4], params=["2M", "4M"]),
                       runner=runner)
-    assert not sweep.holdout.met and sweep.status == "refused"
+    assert not sweep.held_out.met and sweep.status == "refused"
 
 
 def test_a_failed_point_outweighs_a_refused_one():
@@ -286,7 +299,7 @@ def test_a_sweep_of_one_and_two_nodes_fits_but_says_what_it_cannot_tell():
     sweep = run_sweep(base(modes=["fp32", "amp-fp16"]), SweepConfig(nodes=[1, 2]),
                       runner=fake_runner())
     assert sweep.fit is not None and not sweep.fit.identifiable
-    assert sweep.holdout is None
+    assert sweep.held_out is None
     assert any("no held-out check" in note for note in sweep.notes)
     assert any("separate" in note for note in sweep.notes)
     assert sweep.fit.rms_relative_error < 0.05

@@ -36,7 +36,7 @@ class HeldOutErrors:
 
 
 @dataclass
-class FileHoldout(HeldOutErrors):
+class FileHeldOut(HeldOutErrors):
     """One held-out run, predicted from the others."""
 
     calibration: Calibration  # the network the prediction calibrated on
@@ -54,7 +54,7 @@ class FileHoldout(HeldOutErrors):
 
 def leave_one_file_out(calibrations: Sequence[Calibration], *, nics_per_server: int | None = None,
                        nic_bandwidth_bps: float | None = None,
-                       from_bytes: int = FROM_BYTES) -> list[FileHoldout]:
+                       from_bytes: int = FROM_BYTES) -> list[FileHeldOut]:
     """Each multi-host all_reduce run predicted from the others (see the module doc); empty
     with fewer than two such runs at different world sizes."""
     networks = [c for c in calibrations if c.collective == "all_reduce" and c.hosts > 1]
@@ -70,7 +70,7 @@ def leave_one_file_out(calibrations: Sequence[Calibration], *, nics_per_server: 
         cluster = build(network, rest, gpus_per_server=target.gpus_per_host,
                         nics_per_server=nics_per_server, nic_bandwidth_bps=nic_bandwidth_bps,
                         where="--calibration")
-        held = FileHoldout(network, target, flags=cluster.flags)
+        held = FileHeldOut(network, target, flags=cluster.flags)
         for size, measured in zip(*target.measured_points(), strict=True):
             if size < from_bytes:
                 continue
@@ -83,7 +83,7 @@ def leave_one_file_out(calibrations: Sequence[Calibration], *, nics_per_server: 
     return out
 
 
-def file_holdout_lines(held: Sequence[FileHoldout]) -> list[str]:
+def held_out_file_lines(held: Sequence[FileHeldOut]) -> list[str]:
     """The leave-one-file-out errors in words, one line per held-out run."""
     if not held:
         return []
@@ -98,4 +98,4 @@ def file_holdout_lines(held: Sequence[FileHoldout]) -> list[str]:
     return lines
 
 
-__all__ = ["FROM_BYTES", "FileHoldout", "file_holdout_lines", "leave_one_file_out"]
+__all__ = ["FROM_BYTES", "FileHeldOut", "held_out_file_lines", "leave_one_file_out"]
