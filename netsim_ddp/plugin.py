@@ -87,7 +87,7 @@ def _enter_rootless(config: pytest.Config) -> None:
         return  # root (the common case): nothing to enter, nothing to import
     from netsim_ddp.fabric.namespaces import privilege
 
-    if privilege.mode() is not None or not _may_build_networks(config):
+    if privilege.mode() is not None or not may_build_networks(config):
         return
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is not None:  # a restarted session must write to the real stdout and stderr
@@ -99,7 +99,7 @@ def _enter_rootless(config: pytest.Config) -> None:
             capture.resume_global_capture()
 
 
-def _may_build_networks(config: pytest.Config) -> bool:
+def may_build_networks(config: pytest.Config) -> bool:
     """False for sessions that cannot run a netns test: --help, --collect-only, a -m that
     deselects the tier (the unit tier), or `netsim_rootless = false`."""
     options = config.known_args_namespace

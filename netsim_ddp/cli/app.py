@@ -30,12 +30,13 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else _LOG_WIDTH
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else _LOG_WIDTH)
 
 
-def _fail(message: str, code: int) -> None:
+def fail_command(message: str, code: int) -> None:
+    """End the command: `message` on stderr as an error, exit `code` (EXIT_*)."""
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
 
-def _load_all(paths: tuple[str, ...], host_check: bool = True) -> list[Scenario]:
+def load_scenarios(paths: tuple[str, ...], host_check: bool = True) -> list[Scenario]:
     """Every scenario, validated and checked against what this host can hold (every point of
     a sweep too), before anything is built: the first bad one ends the command."""
     from netsim_ddp.scenario.limits import HostResources, check_host
@@ -48,7 +49,7 @@ def _load_all(paths: tuple[str, ...], host_check: bool = True) -> list[Scenario]
             if host_check:
                 check_host(scenario, host)
         except ScenarioError as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
+            fail_command(str(exc), EXIT_BAD_INPUT)
         scenarios.append(scenario)
     return scenarios
 
@@ -117,12 +118,13 @@ NIC_RATE_HELP = ("One NIC's line rate, e.g. 400gbit (default: typical for the ca
                  "NCCL's tree, flagged.")
 
 
-def _human(json_out: str | None) -> Console:
+def human_console(json_out: str | None) -> Console:
     """Where tables go: stderr when stdout carries the JSON, so `--json -` stays parseable."""
     return err if json_out == "-" else out
 
 
-def _write_json(target: str | None, document: dict, quiet: bool = False) -> None:
+def write_json(target: str | None, document: dict, quiet: bool = False) -> None:
+    """`document` as JSON to `target` ('-': stdout; None: nowhere), saying where unless quiet."""
     if target is None:
         return
     text = json.dumps(document, indent=2)
@@ -134,7 +136,7 @@ def _write_json(target: str | None, document: dict, quiet: bool = False) -> None
         err.print(f"wrote {target}")
 
 
-def _session_options(*names: str):
+def session_options(*names: str):
     """The session options (session.SESSION_OPTIONS, which pytest takes too) named, as click
     options of a command."""
 
@@ -158,10 +160,10 @@ def _session_options(*names: str):
     return decorate
 
 
-_gate_options = _session_options("baseline", "save-baseline", "tolerance", "alpha")
+gate_options = session_options("baseline", "save-baseline", "tolerance", "alpha")
 
 # run, launch and host: how long the ranks of one launch may take (launch: each variant's).
-_timeout_option = click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
+timeout_option = click.option("--timeout", "timeout_s", type=FiniteFloat(positive=True),
                                help="Seconds before hung ranks are killed (launch: each "
                                     "variant's ranks).")
 

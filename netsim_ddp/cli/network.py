@@ -13,13 +13,13 @@ from netsim_ddp.cli.app import (
     FiniteFloat,
     MachineParam,
     NetworkCommand,
-    _fail,
-    _human,
-    _load_all,
-    _write_json,
     err,
+    fail_command,
+    human_console,
+    load_scenarios,
     main,
     out,
+    write_json,
 )
 from netsim_ddp.report.command_tables import (
     capability_table,
@@ -44,18 +44,18 @@ def check(json_out: str | None) -> None:
     torch_info = torch_status()
     gpus = probe_gpus()
     table = capability_table(caps, torch_info, gpus)
-    _human(json_out).print(table)
+    human_console(json_out).print(table)
     if caps.error:
         err.print(f"[red]{escape(caps.error)}[/]")
     if not caps.netem and caps.can_build:
-        _human(json_out).print(
+        human_console(json_out).print(
             "netem is missing: delay, jitter and loss run through the userspace delay line"
             if caps.delay_line else
             f"netem is missing and the delay line cannot be built ({caps.delay_line_error}): "
             "scenarios with delay, jitter or loss cannot run here")
-    _write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
-                           "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
-                                                     and caps.can_build}})
+    write_json(json_out, {"capabilities": caps.as_dict(), "torch": torch_info,
+                          "gpus": gpus.as_dict() | {"nccl_path": gpus.nccl_usable
+                                                    and caps.can_build}})
     sys.exit(EXIT_OK if caps.can_build else EXIT_FAILED)
 
 
@@ -64,7 +64,7 @@ def check(json_out: str | None) -> None:
 def validate(files: tuple[str, ...]) -> None:
     """Check scenario files (every sweep point, and against what this host can hold) without
     building anything; exit 2 on the first bad one."""
-    for scenario in _load_all(files):
+    for scenario in load_scenarios(files):
         link = scenario.link
         points = (f", {len(scenario.sweep.points())} sweep points checked"
                   if scenario.sweep is not None else "")
@@ -96,14 +96,14 @@ def plan(file: str, gpus: int | None, machine) -> None:
     from netsim_ddp.fabric.capabilities import probe_capabilities
     from netsim_ddp.fabric.plan import plan_fabric
 
-    (scenario,) = _load_all((file,), host_check=False)
+    (scenario,) = load_scenarios((file,), host_check=False)
     subnet = scenario.topology.subnet or ipaddress.IPv4Network("10.128.0.0/24")
     impaired = any(scenario.link_for(i).impaired for i in range(scenario.topology.nodes))
     try:  # which delay backend applies depends on this host's kernel
         fabric_plan = plan_fabric(scenario, "000000", subnet,
                                   impaired and probe_capabilities().netem)
     except FabricError as exc:
-        _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+        fail_command(f"{scenario.path}: {exc}", EXIT_FAILED)
     table = plan_table(scenario, fabric_plan)
     out.print(table)
     if scenario.workload is not None and not _print_placement(scenario, fabric_plan, gpus):
@@ -170,11 +170,11 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
     from netsim_ddp.fabric import Fabric, FabricError, PrivilegeError, ensure_network_privilege
     from netsim_ddp.fabric.fidelity import check_fidelity
 
-    scenarios = _load_all(files)
+    scenarios = load_scenarios(files)
     try:
         ensure_network_privilege()
     except PrivilegeError as exc:
-        _fail(str(exc), EXIT_FAILED)
+        fail_command(str(exc), EXIT_FAILED)
     results, all_trusted = [], True
     table = fidelity_table()
     for scenario in scenarios:
@@ -183,13 +183,13 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
                 with Fabric(scenario) as fabric:
                     report = check_fidelity(fabric, seconds)
         except FabricError as exc:
-            _fail(f"{scenario.path}: {exc}", EXIT_FAILED)
+            fail_command(f"{scenario.path}: {exc}", EXIT_FAILED)
         all_trusted &= report.trusted
         fidelity_rows(table, scenario, report)
         results.append({"name": scenario.name, "file": str(scenario.path),
                         "fidelity": report.as_dict()})
         if not report.trusted:
             err.print(f"{scenario.name}: {report.reason}")
-    _human(json_out).print(table)
-    _write_json(json_out, {"scenarios": results})
+    human_console(json_out).print(table)
+    write_json(json_out, {"scenarios": results})
     sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)

@@ -17,12 +17,12 @@ from netsim_ddp.cli.app import (
     NICS_HELP,
     FiniteFloat,
     RateParam,
-    _fail,
-    _human,
-    _write_json,
     err,
+    fail_command,
+    human_console,
     main,
     out,
+    write_json,
 )
 from netsim_ddp.report.command_tables import calibration_table
 from netsim_ddp.scenario.units import format_size
@@ -60,19 +60,19 @@ def report_command(results: str, out_dir: str, calibration: tuple[str, ...],
         try:
             runs, notes = load_runs([*paths, results])
         except HistoryError as exc:
-            _fail(f"--history: {exc}", EXIT_BAD_INPUT)
+            fail_command(f"--history: {exc}", EXIT_BAD_INPUT)
         judged = judge_history(runs)
         judged.notes[:0] = notes
     try:
         if not calibration and (nics_per_server is not None or nic_bandwidth is not None):
-            _fail("--nics-per-server/--nic-bandwidth describe a --calibration's servers: give "
-                  "the calibration too", EXIT_BAD_INPUT)
+            fail_command("--nics-per-server/--nic-bandwidth describe a --calibration's servers: "
+                         "give the calibration too", EXIT_BAD_INPUT)
         path = report(results, out_dir, calibration=list(calibration) or None, history=judged,
                       nics_per_server=nics_per_server, nic_bandwidth_bps=nic_bandwidth)
     except (CalibrationError, NcclParseError) as exc:
-        _fail(f"--calibration: {exc}", EXIT_BAD_INPUT)
+        fail_command(f"--calibration: {exc}", EXIT_BAD_INPUT)
     except DocumentError as exc:
-        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+        fail_command(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     out.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
 
 
@@ -112,7 +112,7 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
     )
 
     if not 0 < alpha < 1:
-        _fail(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
+        fail_command(f"--alpha must be between 0 and 1, got {alpha}", EXIT_BAD_INPUT)
     paths = [path for given in results
              for path in (runs_in(given) if Path(given).is_dir() else [Path(given)])]
     try:
@@ -122,10 +122,10 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
             runs, marker = accept(runs, accepted)
             err.print(f"accepted {accepted}: recorded in {marker}")
     except (HistoryError, OSError) as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail_command(str(exc), EXIT_BAD_INPUT)
     report = judge_history(runs, chosen, fractions, alpha)
     report.notes[:0] = notes
-    human = _human(json_out)
+    human = human_console(json_out)
     human.print(f"{len(runs)} runs: " + ", ".join(f"{run.number} {run.source}"
                                                   for run in runs), soft_wrap=True)
     for note in report.notes:
@@ -149,7 +149,7 @@ def history(results: tuple[str, ...], metrics: tuple[str, ...], tolerances: tupl
         path = history_report(report, out_dir)
         err.print(f"wrote {path} (and {path.with_suffix('.html').name}, PNGs) in {out_dir}")
     append_step_summary(history_summary(report))
-    _write_json(json_out, report.as_dict())
+    write_json(json_out, report.as_dict())
     sys.exit(EXIT_OK if report.passed else EXIT_FAILED)
 
 
@@ -172,10 +172,10 @@ def export(results: str, kind: str, out_file: str) -> None:
     try:
         document = load_document(results)
     except DocumentError as exc:
-        _fail(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
+        fail_command(f"not a netsim-ddp results file: {exc}", EXIT_BAD_INPUT)
     data = (bencher_metrics(document) if kind == "bencher"
             else github_benchmark(document, bigger_is_better=kind.endswith("-bigger")))
-    _write_json(out_file, data)  # type: ignore[arg-type]
+    write_json(out_file, data)  # type: ignore[arg-type]
 
 
 @main.command()
@@ -209,8 +209,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
     try:
         found = load(files, collective)
     except (CalibrationError, NcclParseError) as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
-    human = _human(json_out)
+        fail_command(str(exc), EXIT_BAD_INPUT)
+    human = human_console(json_out)
     documents = []
     for calibration in found:
         document = held_out_document(calibration)
@@ -233,7 +233,7 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
                 nics = nics_of(calibration, nics_per_server=nics_per_server,
                                nic_bandwidth_bps=nic_bandwidth, where="--calibration")
             except CalibrationError as exc:
-                _fail(str(exc), EXIT_BAD_INPUT)
+                fail_command(str(exc), EXIT_BAD_INPUT)
             check = check_network(calibration, nics)
             document["network_check"] = {"nics": nics.as_dict(), "tree": check.tree,
                                          "ring_scale": check.ring_scale,
@@ -248,8 +248,8 @@ def calibrate(files: tuple[str, ...], json_out: str | None, collective: str | No
         held_files = leave_one_file_out(found, nics_per_server=nics_per_server,
                                         nic_bandwidth_bps=nic_bandwidth)
     except CalibrationError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail_command(str(exc), EXIT_BAD_INPUT)
     for line_text in held_out_file_lines(held_files):
         human.print(escape(line_text))
-    _write_json(json_out, {"calibrations": documents,
-                           "leave_one_file_out": [h.as_dict() for h in held_files]})
+    write_json(json_out, {"calibrations": documents,
+                          "leave_one_file_out": [h.as_dict() for h in held_files]})

@@ -18,16 +18,16 @@ from netsim_ddp.cli.app import (
     EXIT_OK,
     FiniteFloat,
     NetworkCommand,
-    _fail,
-    _gate_options,
-    _human,
-    _load_all,
-    _session_options,
-    _timeout_option,
-    _write_json,
     err,
+    fail_command,
+    gate_options,
+    human_console,
+    load_scenarios,
     main,
     out,
+    session_options,
+    timeout_option,
+    write_json,
 )
 from netsim_ddp.common.options import HEARTBEAT_TIMEOUT_S, JOIN_TIMEOUT_S
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
@@ -35,12 +35,12 @@ from netsim_ddp.scenario.spec import Scenario, ScenarioError
 
 @main.command(cls=NetworkCommand)
 @click.argument("files", nargs=-1, required=True)
-@_session_options("json", "iterations", "out")
+@session_options("json", "iterations", "out")
 @click.option("--profile", is_flag=True, help="Write a torch.profiler trace per rank and mode.")
-@_session_options("allow-untrusted")
-@_timeout_option
-@_gate_options
-@_session_options("history")
+@session_options("allow-untrusted")
+@timeout_option
+@gate_options
+@session_options("history")
 @click.option("--calibration", metavar="FILE", type=click.Path(dir_okay=False), multiple=True,
               help="nccl-tests output of the target cluster (all_reduce_perf on 2+ servers; "
                    "repeat for a one-server run: NVLink): sweeps project from it (overrides "
@@ -53,19 +53,19 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
     from netsim_ddp.projection.calibrate import CalibrationError
     from netsim_ddp.run.sweep import load_calibration
 
-    scenarios = _load_all(files)
+    scenarios = load_scenarios(files)
     for scenario in scenarios:
         if scenario.workload is None:
-            _fail(f"{scenario.path}: workload: required to run training; add a [workload] "
-                  "section (see README)", EXIT_BAD_INPUT)
+            fail_command(f"{scenario.path}: workload: required to run training; add a [workload] "
+                         "section (see README)", EXIT_BAD_INPUT)
         if scenario.sweep is not None:  # a bad calibration fails now, not after the sweep
             try:
                 load_calibration(scenario, scenario.sweep, calibration or None)
             except CalibrationError as exc:
-                _fail(str(exc), EXIT_BAD_INPUT)
+                fail_command(str(exc), EXIT_BAD_INPUT)
     session = _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
                              allow_untrusted, timeout_s, history_dir)
-    human = _human(json_out)
+    human = human_console(json_out)
     for scenario in scenarios:
         try:
             _run_one(session, scenario, human, profile, list(calibration) or None)
@@ -73,19 +73,19 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
                       soft_wrap=True)
         if json_out not in (None, "-"):  # a later scenario that kills the command loses nothing
-            _write_json(json_out, session.document().dump(), quiet=True)
+            write_json(json_out, session.document().dump(), quiet=True)
     session.finish()
-    _write_json(json_out, session.document().dump())
+    write_json(json_out, session.document().dump())
     passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
     sys.exit(EXIT_OK if passed else EXIT_FAILED)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("file")
-@_session_options("json", "iterations", "out", "allow-untrusted")
-@_timeout_option
-@_gate_options
-@_session_options("history")
+@session_options("json", "iterations", "out", "allow-untrusted")
+@timeout_option
+@gate_options
+@session_options("history")
 @click.option("--steps", type=click.Choice(["auto", "optimizer", "marker"]), default=None,
               help="What ends a step: optimizer.step() or netsim_ddp.step() (default: the "
                    "scenario's, else auto).")
@@ -101,7 +101,7 @@ def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str
     node, and measure it like `run`: netsim-ddp launch FILE [OPTIONS] -- SCRIPT|-m MODULE ARGS.
 
     Without a command after --, FILE's own [workload] command runs."""
-    (scenario,) = _load_all((file,))
+    (scenario,) = load_scenarios((file,))
     argv = list(command)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -109,32 +109,32 @@ def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str
                                               ("after_measured", after_measured)) if value}
     if argv or settings:
         if not argv and (scenario.workload is None or scenario.workload.command is None):
-            _fail(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- "
-                  "train.py ARGS)", EXIT_BAD_INPUT)
+            fail_command(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- "
+                         "train.py ARGS)", EXIT_BAD_INPUT)
         if argv and argv[0] != "-m":
             if not Path(argv[0]).is_file():
-                _fail(f"no script {argv[0]!r} (give a script file, or -m MODULE)",
-                      EXIT_BAD_INPUT)
+                fail_command(f"no script {argv[0]!r} (give a script file, or -m MODULE)",
+                             EXIT_BAD_INPUT)
             argv[0] = str(Path(argv[0]).resolve())
         workload = scenario.workload
         try:
             scenario = scenario.with_command(
                 argv or list(workload.command or []) if workload else argv, **settings)
         except ScenarioError as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
+            fail_command(str(exc), EXIT_BAD_INPUT)
     elif scenario.workload is None or scenario.workload.command is None:
-        _fail(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- train.py "
-              "ARGS), or a [workload] command in the file", EXIT_BAD_INPUT)
+        fail_command(f"{file}: no command: give one after -- (netsim-ddp launch {file} -- train.py "
+                     "ARGS), or a [workload] command in the file", EXIT_BAD_INPUT)
     session = _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_dir,
                              allow_untrusted, timeout_s, history_dir)
-    human = _human(json_out)
+    human = human_console(json_out)
     try:
         _run_one(session, scenario, human, False, None)
     except Exception as exc:  # showing a result broke: say so, keep what was measured
         err.print(f"[red]{scenario.name}: error[/]: {escape(f'{type(exc).__name__}: {exc}')}",
                   soft_wrap=True)
     session.finish()
-    _write_json(json_out, session.document().dump())
+    write_json(json_out, session.document().dump())
     sys.exit(EXIT_OK if all(r.passed for r in session.reports) else EXIT_FAILED)
 
 
@@ -211,12 +211,12 @@ def _agent_wait_options(member: str):
 @click.option("--master-port", type=click.IntRange(1, 65535), required=True,
               help="Node 0's port for the job's c10d store (and torchrun's rendezvous).")
 @click.option("--nic", required=True, help="This host's NIC between the hosts: it is shaped.")
-@_session_options("json", "out", "iterations")
-@_timeout_option
+@session_options("json", "out", "iterations")
+@timeout_option
 @_agent_wait_options("host")
 @click.option("--no-ingress", is_flag=True, help="Shape egress only (no ifb on this host).")
-@_session_options("allow-untrusted")
-@_gate_options
+@session_options("allow-untrusted")
+@gate_options
 def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: int, nic: str,
          json_out: str | None, out_dir: str | None, iterations: int | None,
          timeout_s: float | None, join_timeout_s: float, heartbeat_timeout_s: float,
@@ -232,10 +232,10 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     from netsim_ddp.run.hosts.host_options import HostOptions
     from netsim_ddp.run.runner import run_folder
 
-    (scenario,) = _load_all((file,))
+    (scenario,) = load_scenarios((file,))
     if scenario.workload is not None and scenario.workload.is_script:
-        _fail(f"{file}: workload.command: `host` runs the built-in loop only; run a script "
-              "on one host's emulated network with `netsim-ddp launch`", EXIT_BAD_INPUT)
+        fail_command(f"{file}: workload.command: `host` runs the built-in loop only; run a script "
+                     "on one host's emulated network with `netsim-ddp launch`", EXIT_BAD_INPUT)
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
     # A folder of this agent's own, as for `run`: a reused --out never replays old files.
     folder = run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve()
@@ -259,7 +259,7 @@ def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: flo
             tolerances=list(tolerances) or None, baseline=baseline, alpha=alpha,
             save_baseline=Path(save_baseline) if save_baseline else None)
     except SessionOptionError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail_command(str(exc), EXIT_BAD_INPUT)
     for warning in session.warnings:
         err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     return session
@@ -276,11 +276,11 @@ def _agent_session(tolerances: tuple[str, ...], baseline: str | None, alpha: flo
               help="Machine 0's port for the job's c10d store.")
 @click.option("--nic", required=True, help="This machine's NIC to the others: the VXLAN's "
               "underlay (MTU at least link.mtu + 50; nothing on it is changed).")
-@_session_options("json", "out", "iterations")
-@_timeout_option
+@session_options("json", "out", "iterations")
+@timeout_option
 @_agent_wait_options("machine")
-@_session_options("allow-untrusted")
-@_gate_options
+@session_options("allow-untrusted")
+@gate_options
 def machine(file: str, machine_rank: int, machines: int, master_addr: str, master_port: int,
             nic: str, json_out: str | None, out_dir: str | None, iterations: int | None,
             timeout_s: float | None, join_timeout_s: float, heartbeat_timeout_s: float,
@@ -294,7 +294,7 @@ def machine(file: str, machine_rank: int, machines: int, master_addr: str, maste
     from netsim_ddp.run.hosts.machine_agent import MachineOptions, run_machine
     from netsim_ddp.run.runner import run_folder
 
-    (scenario,) = _load_all((file,), host_check=False)  # the agent checks this machine's share
+    (scenario,) = load_scenarios((file,), host_check=False)  # the agent checks this machine's share
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
     folder = run_folder(Path(out_dir) if out_dir else None, secrets.token_hex(3)).resolve()
     options = MachineOptions(
@@ -319,20 +319,20 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
     from netsim_ddp.workload import WorkloadError
 
-    human = _human(json_out)
+    human = human_console(json_out)
     try:
         outcome = run()
     except HostConfigError as exc:  # refused before anything changed or ran
         remove_when_done(temporary, "refused")
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail_command(str(exc), EXIT_BAD_INPUT)
     except HostError as exc:
         if not first:
             remove_when_done(temporary, "error")
-            _fail(str(exc), EXIT_FAILED)
+            fail_command(str(exc), EXIT_FAILED)
         outcome = ScenarioReport(scenario, error=str(exc))
     except (FabricError, WorkloadError) as exc:
         remove_when_done(temporary, "error")  # only if nothing was written there
-        _fail(str(exc), EXIT_FAILED)
+        fail_command(str(exc), EXIT_FAILED)
     if isinstance(outcome, str):  # a follower: the verdict is the leader's to report
         out.print(f"{member}: job finished ({outcome}); {leader} reports the results")
         remove_when_done(temporary, outcome)
@@ -349,7 +349,7 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
         outcome.out_dir = None
     session.reports.append(outcome)
     session.finish()
-    _write_json(json_out, session.document().dump())
+    write_json(json_out, session.document().dump())
     sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
 
 
@@ -369,9 +369,9 @@ def profile_compute_command(file: str, out_path: str, steps: int, warmup: int, m
                             device: str | None, threads: int) -> None:
     """Time FILE's model on one device, no network: forward, each layer's backward (CUDA
     events on a GPU), optimizer; write the per-layer profile compute replay reads."""
-    scenario, = _load_all((file,))
+    scenario, = load_scenarios((file,))
     if scenario.workload is None:
-        _fail(f"{file}: workload: required to profile compute", 2)
+        fail_command(f"{file}: workload: required to profile compute", 2)
     assert scenario.workload is not None
     import torch
 
@@ -402,14 +402,14 @@ def _start_session(tolerances, baseline, alpha, save_baseline, iterations, out_d
             allow_untrusted=allow_untrusted, timeout_s=timeout_s,
             history_dir=Path(history_dir) if history_dir else None)
     except SessionOptionError as exc:
-        _fail(str(exc), EXIT_BAD_INPUT)
+        fail_command(str(exc), EXIT_BAD_INPUT)
     for warning in session.warnings:
         err.print(f"[yellow]{escape(warning)}[/]", soft_wrap=True)
     _warn_about_stale_runs()
     try:
         ensure_network_privilege()
     except PrivilegeError as exc:
-        _fail(str(exc), EXIT_FAILED)
+        fail_command(str(exc), EXIT_FAILED)
     return session
 
 

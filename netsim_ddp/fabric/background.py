@@ -193,7 +193,8 @@ def assemble(ends: list[EndReport]) -> BackgroundBytes:
 
 
 @dataclass
-class _End:
+class FlowEnd:
+    """One end of a background flow: its sender or receiver process and where it reports."""
     flow: int
     kind: str
     role: str
@@ -220,7 +221,7 @@ class BackgroundTraffic:
             raise ValueError(f"background traffic needs a fresh signal folder, and {signals} "
                              "holds an earlier run's signals, which the senders would replay")
         self._reports_folder: Path | None = None  # made by the first end, removed by stop_ends
-        self._running: list[_End] = []
+        self._running: list[FlowEnd] = []
 
     @property
     def _reports(self) -> Path:
@@ -259,7 +260,7 @@ class BackgroundTraffic:
         with open(report.with_suffix(".err"), "wb") as stderr:  # kept: says why it died
             sink = node.popen([*_COMMAND, "sink", node.address, str(report)],
                               stdout=subprocess.PIPE, stderr=stderr, text=True)
-        self._running.append(_End(index, "sink", f"sink in {node.name}", sink, report))
+        self._running.append(FlowEnd(index, "sink", f"sink in {node.name}", sink, report))
         return int(_read_line(sink, "sink"))
 
     def start_sender(self, index: int, node, address: str, port: int) -> None:
@@ -270,10 +271,10 @@ class BackgroundTraffic:
             sender = node.popen([*_COMMAND, "send", address, str(port),
                                  self.flows[index].model_dump_json(), str(report), *signals],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True)
-        self._running.append(_End(index, "sender", f"sender in {node.name}", sender, report))
+        self._running.append(FlowEnd(index, "sender", f"sender in {node.name}", sender, report))
         _read_line(sender, "sender")  # connected
 
-    def _why(self, end: _End) -> str:
+    def _why(self, end: FlowEnd) -> str:
         try:
             stderr = end.report.with_suffix(".err").read_text(errors="replace").strip()[-2000:]
         except OSError:
@@ -346,7 +347,7 @@ def _read_line(process: subprocess.Popen, role: str) -> str:
     return line
 
 
-def _stop(ends: list[_End]) -> None:
+def _stop(ends: list[FlowEnd]) -> None:
     for end in ends:
         if not end.stopped:
             end.died, end.stopped = end.process.poll() is not None, True

@@ -132,7 +132,7 @@ class RunLock:
     def acquire(self, wait: bool = True) -> bool:
         """Take the lock (creating its file); False if another process holds it and not `wait`."""
         ensure_lock_dir(self.path.parent)
-        fd = _flock_current(self.path, os.O_RDWR | os.O_CREAT, wait)
+        fd = flock_current(self.path, os.O_RDWR | os.O_CREAT, wait)
         if fd is None:
             return False
         os.ftruncate(fd, 0)
@@ -165,7 +165,7 @@ def is_live(run_id: str, directory: Path | None = None) -> bool:
     new one (see the module's docstring)."""
     path = RunLock(run_id, directory=directory).path
     try:
-        fd = _flock_current(path, os.O_RDONLY, wait=False)
+        fd = flock_current(path, os.O_RDONLY, wait=False)
     except FileNotFoundError:
         return False
     if fd is None:
@@ -174,7 +174,7 @@ def is_live(run_id: str, directory: Path | None = None) -> bool:
     return False
 
 
-def _flock_current(path: Path, flags: int, wait: bool) -> int | None:
+def flock_current(path: Path, flags: int, wait: bool) -> int | None:
     """An fd of `path` holding its flock, re-checked to still be the file at `path`; None if
     someone else holds it and not `wait`. FileNotFoundError only without O_CREAT."""
     while True:

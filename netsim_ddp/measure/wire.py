@@ -30,7 +30,7 @@ def _link_marks(result: ModeResult) -> list[tuple[dict[str, float], dict[str, fl
     return marks
 
 
-def _measured_window(result: ModeResult) -> tuple[float, float] | None:
+def link_marks_window(result: ModeResult) -> tuple[float, float] | None:
     """(start, end) CLOCK_MONOTONIC of the mode's measured iterations, from the link marks."""
     marks = [rank.link_marks for rank in result.ranks if rank.link_marks]
     if not marks:
@@ -38,7 +38,7 @@ def _measured_window(result: ModeResult) -> tuple[float, float] | None:
     return (min(m[0]["monotonic_s"] for m in marks), max(m[-1]["monotonic_s"] for m in marks))
 
 
-def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
+def window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[float, float]:
     """(all bytes the nodes sent, background's share) within the mode's measured window."""
     marks = _link_marks(result)
     total = sum(end["sent_bytes"] - start["sent_bytes"] for start, end in marks)
@@ -47,7 +47,7 @@ def _window_bytes(result: ModeResult, background: BackgroundBytes) -> tuple[floa
     return total, background.between(begin, finish)
 
 
-def _check_background_followed(result: ModeResult, background: BackgroundBytes) -> None:
+def check_background_followed(result: ModeResult, background: BackgroundBytes) -> None:
     """Every background sender must have followed this mode's measured window; else the
     background bytes are not a measurement of it (0 would pass for "no traffic")."""
     marks = [rank.link_marks for rank in result.ranks if rank.link_marks]

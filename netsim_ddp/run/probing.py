@@ -56,7 +56,7 @@ def _probe_results(out: Path, dtypes: Sequence[str]) -> tuple[dict[str, float], 
     return by_dtype, results
 
 
-class _ProbeAttempts:
+class ProbeAttempts:
     """The all-reduce probe's attempts and their verdict: attempt after attempt until one
     reaches fidelity.min_fraction or none are left. `workload`: with the backend resolved."""
 
@@ -100,18 +100,18 @@ class _ProbeAttempts:
                 f"{self.limit} (so far {self.fidelity.fraction:.0%} of the link)")
 
 
-def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
-                      timeout_s: float | None, progress: Progress,
-                      watchdog: Callable[[], None] | None = None, *, workload=None,
-                      attempts: int | None = None, job_sizes: Sequence[int] = (),
-                      ) -> CollectiveFidelity:
+def probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
+                     timeout_s: float | None, progress: Progress,
+                     watchdog: Callable[[], None] | None = None, *, workload=None,
+                     attempts: int | None = None, job_sizes: Sequence[int] = (),
+                     ) -> CollectiveFidelity:
     """The probe in launches of its own, one per attempt (where the launcher cannot hold the
     training back while the harness judges it: multi-host, and NCCL, whose transport is read
     from the probe launch's finished logs). `workload`: with the backend resolved (default:
     the scenario's)."""
     workload = workload or scenario.workload
     assert workload is not None  # only a training scenario is probed
-    probing = _ProbeAttempts(scenario, workload, attempts, job_sizes)
+    probing = ProbeAttempts(scenario, workload, attempts, job_sizes)
     spec = RankSpec(workload=workload, modes=[], allreduce_probe=probing.probe)
     for attempt in range(probing.limit):
         if attempt:
@@ -124,17 +124,17 @@ def _probe_collective(launcher: Launcher, scenario: Scenario, out: Path,
     return probing.fidelity
 
 
-class _ProbeRefused(Exception):
+class ProbeRefused(Exception):
     """Raised from the launch's watchdog: the host cannot drive the links; the launch ends."""
 
 
-class _ProbeGate:
+class ProbeGate:
     """The probe inside the training launch (RankSpec.probe_gated), one start-up instead of two:
     called with the launch's watchdog, it judges each attempt as its results appear and tells
-    the ranks to probe again or to train, or ends the launch (_ProbeRefused) when the host
+    the ranks to probe again or to train, or ends the launch (ProbeRefused) when the host
     cannot drive the links and the run may not go on untrusted."""
 
-    def __init__(self, probing: _ProbeAttempts, launch_out: Path, allow_untrusted: bool,
+    def __init__(self, probing: ProbeAttempts, launch_out: Path, allow_untrusted: bool,
                  progress: Progress, on_train: Callable[[], None]):
         self.probing, self.launch_out = probing, launch_out
         self.allow_untrusted, self.progress, self.on_train = allow_untrusted, progress, on_train
@@ -153,6 +153,6 @@ class _ProbeGate:
             return
         self.decided = True
         if not (self.probing.fidelity.trusted or self.allow_untrusted):
-            raise _ProbeRefused(self.probing.fidelity.reason)
+            raise ProbeRefused(self.probing.fidelity.reason)
         self.on_train()
         give_verdict(folder, TRAIN)

@@ -39,7 +39,7 @@ from netsim_ddp.measure.attribution import CounterSeries
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.measure.target_time import to_target_time
-from netsim_ddp.measure.wire import _check_background_followed, _window_bytes
+from netsim_ddp.measure.wire import check_background_followed, window_bytes
 from netsim_ddp.projection.busbw_links import (
     errors,
     next_delay,
@@ -47,7 +47,7 @@ from netsim_ddp.projection.busbw_links import (
     trimmed,
     with_target_busbw,
 )
-from netsim_ddp.run.probing import _probe_collective, _ProbeAttempts, _ProbeGate, _ProbeRefused
+from netsim_ddp.run.probing import ProbeAttempts, ProbeGate, ProbeRefused, probe_collective
 from netsim_ddp.run.site import Progress, RunOptions, Site
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.spec import Scenario
@@ -204,7 +204,7 @@ def _trimmed_busbw(scenario: Scenario, workload, plan: TargetBusbw, dilation: fl
         with Fabric(host, dilation=dilation, run_id=run_id) as fabric:
             site = EmulatedSite(fabric, host, placement.node_env(
                 run_id, [node.name for node in fabric.nodes]), RunOptions(out, progress=progress))
-            fidelity = _probe_collective(
+            fidelity = probe_collective(
                 site.launch, host.model_copy(update={"workload": workload}),
                 out / f"pass{len(tried)}", timeout_s, progress, site.watch(None),
                 workload=workload, attempts=1, job_sizes=plan.sizes)
@@ -233,8 +233,8 @@ def finish_report(report: ScenarioReport, results: dict[str, ModeResult],
     scenario = report.scenario
     link_bps, _ = slowest_link_goodput(scenario)
     for mode, result in results.items():
-        total, bg = _window_bytes(result, background)
-        _check_background_followed(result, background)
+        total, bg = window_bytes(result, background)
+        check_background_followed(result, background)
         report.modes[mode] = ModeReport(result, (total - bg) / result.iterations,
                                         bg / result.iterations, link_bps,
                                         node_names=scenario.topology.node_names,
@@ -378,19 +378,19 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
     job_sizes = report.target_busbw.sizes if report.target_busbw is not None else ()
     link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
-    probing: _ProbeAttempts | None = None
+    probing: ProbeAttempts | None = None
     # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport between
     # nodes, which must be verified before anything is measured.
     if (scenario.fidelity.enabled or nccl) and scenario.topology.nodes > 1:
         progress(f"{scenario.name}: all-reduce probe (can this host drive the links?)")
         # A script's launches are its own: the probe gets a launch of its own before them.
         if site.gated_probe and not nccl and not workload.is_script:
-            probing = _ProbeAttempts(scenario, workload, job_sizes=job_sizes)
+            probing = ProbeAttempts(scenario, workload, job_sizes=job_sizes)
         else:
-            fidelity = _probe_collective(site.launch, scenario, out / "probe", timeout_s,
-                                         progress, site.watch(None), workload=workload,
-                                         attempts=None if scenario.fidelity.enabled else 1,
-                                         job_sizes=job_sizes)
+            fidelity = probe_collective(site.launch, scenario, out / "probe", timeout_s,
+                                        progress, site.watch(None), workload=workload,
+                                        attempts=None if scenario.fidelity.enabled else 1,
+                                        job_sizes=job_sizes)
             if nccl and not _transport_verified(report, scenario, out / "probe" / "attempt0",
                                                 transport_ifname):
                 return None
@@ -426,14 +426,14 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
                             "launcher; remove it or run the scenario with `netsim-ddp run`")
     try:
         with site.traffic(signals) as flows, report.link_schedule or contextlib.nullcontext():
-            gate = (_ProbeGate(probing, out / "train", allow_untrusted, progress, on_train)
+            gate = (ProbeGate(probing, out / "train", allow_untrusted, progress, on_train)
                     if probing else None)
             results = site.launch(spec, out / "train", timeout_s, profile=profile,
                                env={NODE_ENV: "1", SIGNAL_DIR_ENV: str(signals)},
                                watchdog=_chained(gate, site.watch(flows)))
             report.host_load = CpuLoad.between(before, CpuTimes.read())
             background = flows.stop()
-    except _ProbeRefused:
+    except ProbeRefused:
         assert probing is not None
         _fidelity_judged(report, probing.fidelity, allow_untrusted)
         report.link_schedule = None  # no mode ran: nothing was scheduled

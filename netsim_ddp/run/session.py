@@ -200,7 +200,7 @@ class NetsimSession:
             failed = sum(not check.passed for check in report.checks)
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
                          + (f", {failed} failed check(s)" if failed else "")
-                         + _probe_summary([report]))
+                         + probe_summary([report]))
             warning = steal_warning([report])
             lines += [f"    {warning}"] if warning else []
             lines += [f"    {report.notice}"] if report.notice and report.modes else []
@@ -218,7 +218,7 @@ class NetsimSession:
                         if sweep.held_out else "no held-out check")
             lines.append(f"  {sweep.scenario.name}: sweep {sweep.status.upper()}"
                          f", {len(sweep.points)} points, {held_out}"
-                         + _probe_summary([point.report for point in sweep.points]))
+                         + probe_summary([point.report for point in sweep.points]))
             warning = steal_warning([point.report for point in sweep.points])
             lines += [f"    {warning}"] if warning else []
         if self.save_baseline is not None:
@@ -296,7 +296,7 @@ def scenario_folder(out_dir: Path, scenario: Scenario) -> Path:
     return folder
 
 
-def _probe_summary(reports: list[ScenarioReport]) -> str:
+def probe_summary(reports: list[ScenarioReport]) -> str:
     """", all-reduce probe 97-100% of the link (1 retried)": how far the runs can be trusted."""
     probes = [report.fidelity for report in reports if report.fidelity is not None]
     if not probes:

@@ -62,7 +62,7 @@ class Site:
     (`scheduler`: None where it cannot).
 
     `gated_probe`: its ranks may run the probe and wait for its verdict in the training launch
-    itself (probing._ProbeGate); else the probe gets launches of its own.
+    itself (probing.ProbeGate); else the probe gets launches of its own.
     `transport_ifname`: the NIC(s) NCCL must use between nodes (comma-separated)."""
 
     gated_probe: bool = False

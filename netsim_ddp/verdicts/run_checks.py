@@ -10,7 +10,7 @@ from netsim_ddp.fabric.background import BackgroundBytes, scheduled_on_s
 from netsim_ddp.fabric.delayline import health as delay_line_health
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.measure.target_time import replay_late_s, replayed_compute_s
-from netsim_ddp.measure.wire import _measured_window
+from netsim_ddp.measure.wire import link_marks_window
 from netsim_ddp.precision.modes import (
     MODES,
     REFERENCE_MODE,
@@ -60,7 +60,7 @@ def delay_line_checks(monitors, final_stats: dict[str, dict[str, object]],
         return []
     checks = []
     for mode, result in results.items():
-        window = _measured_window(result)
+        window = link_marks_window(result)
         if window is None:
             continue  # no link marks: measurement_checks reports that
         found = delay_line_health.judge_window(monitors, *window, expect_traffic=multi_node)
@@ -116,7 +116,7 @@ def background_checks(flows, background: BackgroundBytes,
                                              "senders reported their counters")]
     checks = []
     for mode, result in results.items():
-        window = _measured_window(result)
+        window = link_marks_window(result)
         if window is None:
             continue
         notes, silent = [], False

@@ -333,7 +333,7 @@ def test_a_second_sigterm_waits_for_the_restore(one_host, monkeypatch):
     finishes, then the signal ends the agent."""
     install(one_host, "pfifo")
     before = one_host.tc_dump()
-    real_restore = nic_module._restore
+    real_restore = nic_module.restore_nic
 
     def restore_under_fire(ipr, state):
         os.kill(os.getpid(), signal.SIGTERM)  # arrives before the first step
@@ -342,7 +342,7 @@ def test_a_second_sigterm_waits_for_the_restore(one_host, monkeypatch):
     def terminate(signum, frame):
         raise SystemExit(128 + signum)
 
-    monkeypatch.setattr(nic_module, "_restore", restore_under_fire)
+    monkeypatch.setattr(nic_module, "restore_nic", restore_under_fire)
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         with one_host.entered(), pytest.raises(SystemExit):

@@ -159,3 +159,37 @@ def test_the_check_sees_an_import_against_the_flow(tmp_path, monkeypatch):
     found = against_the_flow()
     assert len(found) == 1
     assert "fabric/core.py:2: fabric imports netsim_ddp.verdicts " in found[0]
+
+
+def private_imports(paths: list[Path]) -> list[str]:
+    """`from netsim_ddp.X import _name` anywhere in `paths`: a module's private name used by
+    another module, a seam that should have a public name."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("netsim_ddp"):
+                found += [f"{path}:{node.lineno}: {alias.name} from {node.module}"
+                          for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    """Seams are public: what another module (or a test) needs has a public name."""
+    tests = Path(__file__).resolve().parents[1]
+    assert private_imports(sorted(PACKAGE.rglob("*.py")) + sorted(tests.rglob("*.py"))) == []
+
+
+def test_the_private_import_count_sees_one(tmp_path):
+    (tmp_path / "leaky.py").write_text("from netsim_ddp.run.probing import _hidden, public\n")
+    assert private_imports([tmp_path / "leaky.py"]) == [
+        f"{tmp_path / 'leaky.py'}:1: _hidden from netsim_ddp.run.probing"]
+
+
+def test_no_file_name_stands_in_two_folders():
+    """One name, one place: `sizing.py` in two folders makes every mention of it ambiguous."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: where for name, where in names.items() if len(where) > 1} == {}

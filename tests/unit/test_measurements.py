@@ -17,7 +17,7 @@ from netsim_ddp.fabric.background import (
     BackgroundError,
     BackgroundTraffic,
     EndReport,
-    _End,
+    FlowEnd,
     assemble,
     scheduled_on_s,
 )
@@ -56,7 +56,7 @@ def result(ranks: list[RankSamples], local_world_size: int = 1, sent: int = 800)
 
 def test_window_bytes_sum_every_nodes_link() -> None:
     two = result([rank(0, 0, marks(1, 2, 5000)), rank(1, 0, marks(1.1, 2.1, 7000))])
-    total, background = wire._window_bytes(two, BackgroundBytes())
+    total, background = wire.window_bytes(two, BackgroundBytes())
     assert total == 12_000 and background == 0
 
 
@@ -65,20 +65,20 @@ def test_a_node_without_link_marks_is_an_error_not_zero_bytes() -> None:
     one_missing = result([rank(0, 0, marks(1, 2, 5000)), rank(1, 0, None)])
     with pytest.raises(WorkloadError,
                        match=r"1 of 2 nodes reported their link counters \(ranks \[1\] did not"):
-        wire._window_bytes(one_missing, BackgroundBytes())
+        wire.window_bytes(one_missing, BackgroundBytes())
 
 
 def test_only_local_rank_zero_marks_and_all_nodes_count() -> None:
     # 2 nodes x 2 ranks: the second node's leader is rank 2; rank 3 never marks.
     ranks = [rank(0, 0, marks(1, 2, 10)), rank(1, 1), rank(2, 0, None), rank(3, 1)]
     with pytest.raises(WorkloadError, match=r"ranks \[2\] did not"):
-        wire._window_bytes(result(ranks, local_world_size=2), BackgroundBytes())
+        wire.window_bytes(result(ranks, local_world_size=2), BackgroundBytes())
 
 
 def test_link_counters_that_go_backwards_are_an_error() -> None:
     backwards = result([rank(0, 0, marks(1, 2, -10))])
     with pytest.raises(WorkloadError, match="went backwards"):
-        wire._window_bytes(backwards, BackgroundBytes())
+        wire.window_bytes(backwards, BackgroundBytes())
 
 
 # -- hook and wire bytes ---------------------------------------------------------------------
@@ -153,7 +153,7 @@ def _traffic_with(tmp_path: Path, ends: list[tuple[str, str, str | None]]) -> Ba
         with open(path.with_suffix(".err"), "wb") as stderr:
             process = subprocess.Popen([sys.executable, "-c", script], stderr=stderr)
         kind = role.split()[0]
-        traffic._running.append(_End(0, kind, role, process, path))
+        traffic._running.append(FlowEnd(0, kind, role, process, path))
     return traffic
 
 

@@ -22,7 +22,7 @@ def test_a_lock_file_unlinked_before_the_flock_is_taken_again(tmp_path, monkeypa
         return real_flock(fd, operation)
 
     monkeypatch.setattr(fcntl, "flock", flock)
-    fd = shaping._lock(path, wait=False)
+    fd = shaping.lock_state(path, wait=False)
     assert fd is not None and raced
     try:
         assert os.fstat(fd).st_ino == os.stat(path.with_suffix(".lock")).st_ino

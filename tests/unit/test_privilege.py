@@ -12,7 +12,7 @@ import pytest
 
 from netsim_ddp.fabric.namespaces import privilege, userns
 from netsim_ddp.fabric.nic.checks import NicError, check_may_shape
-from netsim_ddp.plugin import _may_build_networks
+from netsim_ddp.plugin import may_build_networks
 
 
 @pytest.fixture
@@ -140,13 +140,13 @@ def test_only_a_process_with_net_admin_may_shape_a_nic(monkeypatch):
 def test_a_session_enters_only_if_it_may_select_a_netns_test(markexpr, enters):
     config = SimpleNamespace(known_args_namespace=SimpleNamespace(markexpr=markexpr),
                              getini=lambda name: True)
-    assert _may_build_networks(config) is enters
+    assert may_build_networks(config) is enters
 
 
 def test_help_collect_only_and_the_ini_switch_never_enter():
     for flag in ("help", "version", "collectonly"):
         options = SimpleNamespace(markexpr="", **{flag: True})
-        assert not _may_build_networks(SimpleNamespace(known_args_namespace=options,
-                                                       getini=lambda name: True))
-    assert not _may_build_networks(SimpleNamespace(
+        assert not may_build_networks(SimpleNamespace(known_args_namespace=options,
+                                                      getini=lambda name: True))
+    assert not may_build_networks(SimpleNamespace(
         known_args_namespace=SimpleNamespace(markexpr=""), getini=lambda name: False))

@@ -58,7 +58,7 @@ def probe(sc, tmp_path, messages=None):
         return runner.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
 
     progress = (messages.append if messages is not None else lambda message: None)
-    return probing._probe_collective(on_two_nodes, sc, tmp_path, None,
+    return probing.probe_collective(on_two_nodes, sc, tmp_path, None,
                                     progress)
 
 
@@ -112,15 +112,15 @@ def test_busbw_of_the_canned_results_is_what_the_fraction_says():
 
 
 def test_the_summary_line_says_how_far_runs_can_be_trusted():
-    from netsim_ddp.run.session import _probe_summary
+    from netsim_ddp.run.session import probe_summary
 
     def report(*attempts):
         return SimpleNamespace(fidelity=CollectiveFidelity(SIZE, 2, list(attempts), 1e9, 0.9))
 
-    assert _probe_summary([report(1e9)]) == ", all-reduce probe 100% of the link"
-    assert (_probe_summary([report(0.7e9, 0.97e9), report(1e9), SimpleNamespace(fidelity=None)])
+    assert probe_summary([report(1e9)]) == ", all-reduce probe 100% of the link"
+    assert (probe_summary([report(0.7e9, 0.97e9), report(1e9), SimpleNamespace(fidelity=None)])
             == ", all-reduce probe 97%-100% of the link (1 retried)")
-    assert _probe_summary([SimpleNamespace(fidelity=None)]) == ""
+    assert probe_summary([SimpleNamespace(fidelity=None)]) == ""
 
 
 def test_steal_while_training_is_a_warning_above_five_percent():
@@ -148,9 +148,9 @@ def test_a_probe_faster_than_the_link_is_refused_as_traffic_that_went_around_it(
 
 
 def gate_for(sc, tmp_path, messages, trained):
-    attempts = probing._ProbeAttempts(sc, sc.workload)
-    return probing._ProbeGate(attempts, tmp_path, allow_untrusted=False,
-                              progress=messages.append, on_train=lambda: trained.append(True))
+    attempts = probing.ProbeAttempts(sc, sc.workload)
+    return probing.ProbeGate(attempts, tmp_path, allow_untrusted=False,
+                             progress=messages.append, on_train=lambda: trained.append(True))
 
 
 def attempt_finished(tmp_path, attempt):
@@ -186,6 +186,6 @@ def test_a_gated_probe_that_falls_short_ends_the_launch_without_a_verdict(canned
     trained = []
     gate = gate_for(scenario(attempts=1), tmp_path, [], trained)
     folder = attempt_finished(tmp_path, 0)
-    with pytest.raises(probing._ProbeRefused, match="cannot move the workload's traffic"):
+    with pytest.raises(probing.ProbeRefused, match="cannot move the workload's traffic"):
         gate()
     assert not (folder / VERDICT_FILE).exists() and not trained

@@ -13,8 +13,8 @@ from netsim_ddp.workload.ranks.collective import (
     RESULT_FILE,
     TRAIN,
     VERDICT_FILE,
-    _await_verdict,
     attempt_dir,
+    await_verdict,
     give_verdict,
     run_gated_probe,
 )
@@ -37,9 +37,9 @@ def test_attempts_go_on_until_the_harness_says_train(tmp_path: Path) -> None:
 def test_a_word_that_is_no_verdict_is_an_error_naming_the_file(tmp_path: Path) -> None:
     (tmp_path / VERDICT_FILE).write_text("maybe")
     with pytest.raises(RuntimeError, match=r"verdict: 'maybe' is no verdict \(train or again\)"):
-        _await_verdict(tmp_path / VERDICT_FILE, timeout_s=5)
+        await_verdict(tmp_path / VERDICT_FILE, timeout_s=5)
 
 
 def test_no_verdict_in_time_is_an_error_not_a_wait_forever(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="no verdict on the all-reduce probe .* within 0.05 s"):
-        _await_verdict(tmp_path / VERDICT_FILE, timeout_s=0.05)
+        await_verdict(tmp_path / VERDICT_FILE, timeout_s=0.05)

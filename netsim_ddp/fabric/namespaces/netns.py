@@ -51,7 +51,8 @@ def _check(result: int, what: str, name: str) -> None:
         raise OSError(code, f"{what} failed for network namespace {name!r}: {os.strerror(code)}")
 
 
-def _setns(fd: int, name: str) -> None:
+def setns_checked(fd: int, name: str) -> None:
+    """Enter the network namespace `fd` (this thread only); OSError naming `name` if refused."""
     _check(libc.setns(fd, CLONE_NEWNET), "setns", name)
 
 
@@ -86,7 +87,7 @@ def create(name: str) -> None:
             _check(libc.mount(b"/proc/thread-self/ns/net", bytes(target), b"none", MS_BIND, None),
                    "bind mount", name)
         finally:
-            _setns(home, "<home>")
+            setns_checked(home, "<home>")
     except BaseException:
         with contextlib.suppress(OSError):
             target.unlink()
@@ -115,11 +116,11 @@ def entered(name: str) -> Iterator[None]:
     fd = os.open(path_of(name), os.O_RDONLY)
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        _setns(fd, name)
+        setns_checked(fd, name)
         try:
             yield
         finally:
-            _setns(home, "<home>")
+            setns_checked(home, "<home>")
     finally:
         os.close(fd)
         os.close(home)

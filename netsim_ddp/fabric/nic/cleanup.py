@@ -16,7 +16,14 @@ from pyroute2.netlink.exceptions import NetlinkError
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.namespaces import netns
 from netsim_ddp.fabric.nic.checks import NicError
-from netsim_ddp.fabric.nic.shaping import JOB_ENV, STATE_PREFIX, NicState, _lock, _restore, _unlock
+from netsim_ddp.fabric.nic.shaping import (
+    JOB_ENV,
+    STATE_PREFIX,
+    NicState,
+    lock_state,
+    restore_nic,
+    unlock_state,
+)
 from netsim_ddp.fabric.nic.tc_tree import TreeError
 from netsim_ddp.fabric.teardown_signals import signals_deferred
 
@@ -53,11 +60,11 @@ def _entered(path: Path) -> Iterator[None]:
     fd = os.open(path, os.O_RDONLY)
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        netns._setns(fd, str(path))
+        netns.setns_checked(fd, str(path))
         try:
             yield
         finally:
-            netns._setns(home, "<home>")
+            netns.setns_checked(home, "<home>")
     finally:
         os.close(fd)
         os.close(home)
@@ -96,13 +103,13 @@ def remove_orphan_locks(dry_run: bool = False) -> list[Path]:
         record = lock.with_suffix(".json")
         if record.exists():
             continue  # restore_stale_nics decides about it
-        fd = _lock(record, wait=False)
+        fd = lock_state(record, wait=False)
         if fd is None:
             continue  # an agent holds it: between taking its lock and writing its record
         if dry_run:
             os.close(fd)
         else:
-            _unlock(record, fd)
+            unlock_state(record, fd)
         orphans.append(lock)
     return orphans
 
@@ -113,7 +120,7 @@ def restore_stale_nics(dry_run: bool = False, forget: str | None = None) -> list
     person put the NIC right by hand)."""
     results = []
     for path in recorded_nics():
-        fd = _lock(path, wait=False)
+        fd = lock_state(path, wait=False)
         if fd is None:
             continue  # a live agent
         try:
@@ -124,7 +131,7 @@ def restore_stale_nics(dry_run: bool = False, forget: str | None = None) -> list
             if path.exists():
                 os.close(fd)
             else:
-                _unlock(path, fd)
+                unlock_state(path, fd)
     return results
 
 
@@ -165,7 +172,7 @@ def _restore_stale(path: Path, dry_run: bool, forget: str | None) -> RestoredNic
         with _entered(where), signals_deferred():
             found.killed_processes = kill_job_processes(state.job, state.netns_inode)
             with IPRoute() as ipr:
-                _restore(ipr, state)
+                restore_nic(ipr, state)
     except (NicError, NetlinkError, TreeError, OSError) as exc:
         found.error = f"{exc} (record kept: {path}; once the NIC is right again, " \
                       f"`netsim-ddp clean --forget-nic {state.ifname}` drops it)"

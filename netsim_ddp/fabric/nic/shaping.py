@@ -190,15 +190,16 @@ class NicState:
         return None
 
 
-def _lock(path: Path, wait: bool) -> int | None:
+def lock_state(path: Path, wait: bool) -> int | None:
     """An flock on the state's lock file: held while an agent shapes the NIC. Re-checked to
-    still be the file at the path once held (naming._flock_current): a lock file its holder
+    still be the file at the path once held (naming.flock_current): a lock file its holder
     unlinked meanwhile proves nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return naming._flock_current(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, wait)
+    return naming.flock_current(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, wait)
 
 
-def _unlock(path: Path, fd: int) -> None:
+def unlock_state(path: Path, fd: int) -> None:
+    """Release lock_state's flock, its lock file removed first so no later comer locks it."""
     with contextlib.suppress(FileNotFoundError):
         path.with_suffix(".lock").unlink()
     os.close(fd)
@@ -220,7 +221,7 @@ def _restore_root(ipr: IPRoute, index: int, state: NicState) -> None:
     replay(ipr, index, before, keep_root=before.default_root)
 
 
-def _restore(ipr: IPRoute, state: NicState) -> None:
+def restore_nic(ipr: IPRoute, state: NicState) -> None:
     """Undo what `state` says was done, step by step (each a no-op when not needed), every
     step tried; then the NIC is compared with the record. Any failure is a NicRestoreError
     naming every step that failed and every difference left."""
@@ -291,7 +292,7 @@ class ShapedNic:
         except NicPlanError as exc:
             raise NicError(str(exc)) from None
         self._path = path = state_path(self.ifname)
-        fd = _lock(path, wait=False)
+        fd = lock_state(path, wait=False)
         if fd is None:
             raise NicError(f"{self.ifname} is being shaped by another netsim-ddp agent "
                            f"(see {path}); one agent per NIC")
@@ -317,7 +318,7 @@ class ShapedNic:
             elif path.exists():
                 os.close(fd)  # a killed agent's state: `clean` needs it
             else:
-                _unlock(path, fd)
+                unlock_state(path, fd)
             raise
         return self
 
@@ -353,7 +354,7 @@ class ShapedNic:
         with signals_deferred():
             try:
                 with IPRoute() as ipr:
-                    _restore(ipr, state)
+                    restore_nic(ipr, state)
             except BaseException as exc:
                 os.close(fd)  # the state file stays: `netsim-ddp clean` can try again
                 detail = (str(exc) if isinstance(exc, NicRestoreError) else
@@ -362,7 +363,7 @@ class ShapedNic:
                                       f"{self._path})")
                 raise NicRestoreError(self.restore_error) from exc
             self._path.unlink()
-            _unlock(self._path, fd)
+            unlock_state(self._path, fd)
         self.restored = True
 
     def _refuse_unrestorable(self, ipr: IPRoute, info: NicInfo, before: NicSnapshot) -> None:

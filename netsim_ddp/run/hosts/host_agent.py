@@ -61,8 +61,8 @@ from netsim_ddp.run.hosts.host_control import (
     HEARTBEAT_S,
     POLL_S,
     Control,
-    _rank_of,
-    _says,
+    constant_message,
+    rank_of_key,
 )
 from netsim_ddp.run.hosts.host_options import (
     HostError,
@@ -72,8 +72,8 @@ from netsim_ddp.run.hosts.host_options import (
 )
 from netsim_ddp.run.hosts.host_site import (
     OUT_MARK,
+    HostsSite,
     Phase,
-    _HostsSite,
     follow_phases,
     lead_phases,
 )
@@ -133,7 +133,7 @@ class HostAgent:
                 self._join(control)
                 return self._shaped_run(control)
             except BaseException as exc:
-                control.abort(_reason(exc))
+                control.abort(stop_reason(exc))
                 raise
         finally:
             control.close()
@@ -180,7 +180,7 @@ class HostAgent:
                 try:
                     outcome = self._run_shaped(control, nic)
                 finally:
-                    self._stop_traffic()
+                    self.stop_traffic()
         except NicRestoreError as exc:
             # Never "ok": the NIC is left changed, its record kept for `netsim-ddp clean`.
             self._post_restored(control, {"ok": False, "error": str(exc)})
@@ -219,7 +219,7 @@ class HostAgent:
         control.set(f"shaped/{options.node_rank}", json.dumps(shaping))
         control.wait_for([f"shaped/{rank}" for rank in range(options.nnodes)],
                          options.join_timeout_s,
-                         lambda missing: ", ".join(control.describe(_rank_of(key))
+                         lambda missing: ", ".join(control.describe(rank_of_key(key))
                                                    for key in missing)
                          + f" did not shape its NIC within {options.join_timeout_s:g} s")
         self.progress(f"{options.node_name}: {options.nic} shaped "
@@ -236,7 +236,7 @@ class HostAgent:
         report = ScenarioReport(options.scenario, run_id=self.job, placement=self.placement)
         phases = iter(range(1_000_000))
 
-        site = _HostsSite(self, control, phases, RunOptions(
+        site = HostsSite(self, control, phases, RunOptions(
             options.out_dir, allow_untrusted=options.allow_untrusted,
             timeout_s=options.timeout_s, progress=self.progress))
         site.transport_ifname = ",".join(sorted({hello["nic"]
@@ -263,15 +263,16 @@ class HostAgent:
     def _follow(self, control: Control) -> str:
         def handle(index: int, message: dict[str, Any]) -> None:
             if "background" in message:
-                self._background_phase(control, index, message)
+                self.background_phase(control, index, message)
             else:
-                self._run_phase(control, Phase(**message))
+                self.run_phase(control, Phase(**message))
 
         return follow_phases(control, handle)
 
     # -- background flows: this host's ends ----------------------------------------------------
 
-    def _background_phase(self, control: Control, index: int, message: dict[str, Any]) -> None:
+    def background_phase(self, control: Control, index: int, message: dict[str, Any]) -> None:
+        """Start or stop this host's ends of the background flows, as member 0 says."""
         if message["background"] == "start":
             signals = message["signals"].replace(OUT_MARK, str(self.options.out_dir))
             self._start_traffic(control, index, Path(signals))
@@ -300,13 +301,13 @@ class HostAgent:
             key = f"background/{index}/port/{flow_index}"
             late = (f"{control.describe(destination)} did not start the sink of background "
                     f"flow {flow_index} within {options.join_timeout_s:g} s")
-            control.wait_for([key], options.join_timeout_s, _says(late))
+            control.wait_for([key], options.join_timeout_s, constant_message(late))
             traffic.start_sender(flow_index, node, control.hellos[destination]["address"],
                                  int(control.get(key)))
         control.set(f"background/{index}/ready/{me}", "")
         control.wait_for([f"background/{index}/ready/{rank}" for rank in range(options.nnodes)],
                          options.join_timeout_s, lambda missing: ", ".join(
-                             control.describe(_rank_of(key)) for key in missing)
+                             control.describe(rank_of_key(key)) for key in missing)
                          + " did not start its background flows")
 
     def _report_traffic(self, control: Control, index: int) -> None:
@@ -321,7 +322,7 @@ class HostAgent:
         control.set(f"background/{index}/ends/{self.options.node_rank}",
                     json.dumps({"ends": ends, "error": error}))
 
-    def _stop_traffic(self) -> None:
+    def stop_traffic(self) -> None:
         """On the way out: no flow of this host outlives its agent."""
         traffic, self.traffic = self.traffic, None
         if traffic is not None:
@@ -336,7 +337,8 @@ class HostAgent:
 
     # -- one phase: this host's torchrun ------------------------------------------------------
 
-    def _run_phase(self, control: Control, phase: Phase) -> None:
+    def run_phase(self, control: Control, phase: Phase) -> None:
+        """One phase: this host's torchrun, run to its end; what it wrote reported to member 0."""
         options = self.options
         out = (options.out_dir / phase.path).resolve()
         logs = out / "logs"
@@ -387,7 +389,7 @@ class HostAgent:
         control.wait_for([f"status/{phase.index}/{rank}" for rank in range(options.nnodes)],
                          options.reply_timeout_s,
                          lambda missing: f"phase {phase.index}: no word from "
-                         + ", ".join(control.describe(_rank_of(key)) for key in missing))
+                         + ", ".join(control.describe(rank_of_key(key)) for key in missing))
         for rank in range(options.nnodes):  # results land where the rendezvous put rank 0
             for name in control.get_json(f"status/{phase.index}/{rank}")["files"]:
                 if not (out / name).exists():
@@ -455,7 +457,8 @@ def _die_with_parent() -> None:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _reason(exc: BaseException) -> str:
+def stop_reason(exc: BaseException) -> str:
+    """What stopped an agent, in words for the other members: Ctrl-C, a signal, or the error."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
     if isinstance(exc, SystemExit):

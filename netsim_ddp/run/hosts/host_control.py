@@ -131,7 +131,7 @@ class Control:
         self.wait_for([f"hello/{rank}" for rank in range(options.nnodes)],
                       options.join_timeout_s, lambda missing: "never arrived within "
                       f"{options.join_timeout_s:g} s: "
-                      + ", ".join(named(_rank_of(key)) for key in missing), watch=False)
+                      + ", ".join(named(rank_of_key(key)) for key in missing), watch=False)
         self.hellos = {rank: self.get_json(f"hello/{rank}") for rank in range(options.nnodes)}
         if options.node_rank != 0:
             return
@@ -253,9 +253,11 @@ class Control:
             self._beater.join(timeout=5)
 
 
-def _says(message: str) -> Callable[[list[str]], str]:
+def constant_message(message: str) -> Callable[[list[str]], str]:
+    """A `missing` formatter for Control.wait_for that says `message` whoever is missing."""
     return lambda _missing: message
 
 
-def _rank_of(key: str) -> int:
+def rank_of_key(key: str) -> int:
+    """The member rank a store key ends in (`.../3` -> 3)."""
     return int(key.rsplit("/", 1)[1])

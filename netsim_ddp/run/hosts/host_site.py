@@ -16,7 +16,7 @@ from netsim_ddp.fabric.background import (
     EndReport,
     assemble,
 )
-from netsim_ddp.run.hosts.host_control import Control, _rank_of
+from netsim_ddp.run.hosts.host_control import Control, rank_of_key
 from netsim_ddp.run.hosts.host_options import HostOptions
 from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
@@ -43,23 +43,23 @@ class HostAgent(Protocol):
 
     options: HostOptions
 
-    def _run_phase(self, control: Control, phase: Phase) -> None: ...
+    def run_phase(self, control: Control, phase: Phase) -> None: ...
 
-    def _background_phase(self, control: Control, index: int,
+    def background_phase(self, control: Control, index: int,
                           message: dict[str, Any]) -> None: ...
 
-    def _stop_traffic(self) -> None: ...
+    def stop_traffic(self) -> None: ...
 
 
 class PhaseRunner(Protocol):
     """An agent that runs a phase on its own share of the nodes (host or machine agent)."""
 
-    def _run_phase(self, control: Control, phase: Phase) -> None: ...
+    def run_phase(self, control: Control, phase: Phase) -> None: ...
 
 
-class _PhasesSite(Site):
+class PhasesSite(Site):
     """Nodes that live under several agents: every launch is a phase that member 0 posts on
-    the store and every agent runs for the nodes it holds (its _run_phase), member 0 too.
+    the store and every agent runs for the nodes it holds (its run_phase), member 0 too.
     Paths travel relative to each agent's --out; `port_of(index)`: the phase's rendezvous
     port, where the agents do not meet through the store itself (0: they do)."""
 
@@ -74,20 +74,20 @@ class _PhasesSite(Site):
     def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                env: Mapping[str, str] | None = None,
                watchdog: Callable[[], None] | None = None) -> dict[str, ModeResult]:
-        # No watchdog to call: each agent watches its own end of the job (_run_phase).
+        # No watchdog to call: each agent watches its own end of the job (run_phase).
         out = self.options.out
         portable = {key: value.replace(str(out), OUT_MARK) for key, value in (env or {}).items()}
         index = next(self.phases)
         phase = Phase(index, str(Path(out_dir).relative_to(out)), spec.model_dump_json(),
                       timeout_s, profile, portable, port=self.port_of(index))
         self.control.set(f"phase/{index}", json.dumps(phase.__dict__))
-        self.agent._run_phase(self.control, phase)
+        self.agent.run_phase(self.control, phase)
         return read_results(Path(out_dir).resolve(), spec, Path(out_dir) / "logs")
 
 
-class _HostsSite(_PhasesSite):
+class HostsSite(PhasesSite):
     """The nodes live on real hosts, one agent each: every launch is a phase that each agent
-    runs as its own torchrun (_run_phase); background flows are phases too (_HostsTraffic).
+    runs as its own torchrun (run_phase); background flows are phases too (_HostsTraffic).
     Results land on whichever host the rendezvous made rank 0; its agent shares them."""
 
     agent: HostAgent
@@ -109,7 +109,7 @@ class _HostsTraffic(contextlib.AbstractContextManager):
     def _phase(self, message: dict[str, Any]) -> int:
         index = next(self.phases)
         self.control.set(f"phase/{index}", json.dumps(message))
-        self.agent._background_phase(self.control, index, message)
+        self.agent.background_phase(self.control, index, message)
         return index
 
     def __enter__(self) -> _HostsTraffic:
@@ -117,7 +117,7 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         return self
 
     def __exit__(self, *_exc) -> None:
-        self.agent._stop_traffic()  # only left running when the run failed: no account
+        self.agent.stop_traffic()  # only left running when the run failed: no account
 
     def check(self) -> None:
         """Nothing to do here: each agent watches its own ends while its ranks run."""
@@ -127,12 +127,12 @@ class _HostsTraffic(contextlib.AbstractContextManager):
         index = self._phase({"background": "stop-senders"})  # everywhere, before any sink
         control.wait_for([f"background/{index}/senders-stopped/{rank}" for rank in range(nnodes)],
                          self.agent.options.reply_timeout_s, lambda missing: ", ".join(
-            control.describe(_rank_of(key)) for key in missing)
+            control.describe(rank_of_key(key)) for key in missing)
             + " did not stop its background senders")
         index = self._phase({"background": "stop"})
         keys = [f"background/{index}/ends/{rank}" for rank in range(nnodes)]
         control.wait_for(keys, self.agent.options.reply_timeout_s, lambda missing: ", ".join(
-            control.describe(_rank_of(key)) for key in missing)
+            control.describe(rank_of_key(key)) for key in missing)
             + " did not report its background flows")
         ends, errors = [], []
         for rank, key in enumerate(keys):

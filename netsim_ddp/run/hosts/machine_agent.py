@@ -45,10 +45,10 @@ from netsim_ddp.fabric.overlay import check_underlay, overlay
 from netsim_ddp.fabric.teardown_signals import signals_raise
 from netsim_ddp.hostfacts.placement import Placement, place
 from netsim_ddp.measure.target_time import to_target_time
-from netsim_ddp.run.hosts.host_agent import _reason
-from netsim_ddp.run.hosts.host_control import POLL_S, Control, _rank_of
+from netsim_ddp.run.hosts.host_agent import stop_reason
+from netsim_ddp.run.hosts.host_control import POLL_S, Control, rank_of_key
 from netsim_ddp.run.hosts.host_options import AgentOptions, HostConfigError, HostError
-from netsim_ddp.run.hosts.host_site import OUT_MARK, Phase, _PhasesSite, follow_phases, lead_phases
+from netsim_ddp.run.hosts.host_site import OUT_MARK, Phase, PhasesSite, follow_phases, lead_phases
 from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
 from netsim_ddp.scenario.dilation import dilated
@@ -156,7 +156,7 @@ class MachineAgent:
                 self._join(control, nic)
                 return self._built_run(control, nic)
             except BaseException as exc:
-                control.abort(_reason(exc))
+                control.abort(stop_reason(exc))
                 raise
         finally:
             control.close()
@@ -203,7 +203,7 @@ class MachineAgent:
                         "nodes": [node.name for node in fabric.nodes]}))
                     control.wait_for([f"built/{m}" for m in range(options.machines)],
                                      options.join_timeout_s, lambda missing: ", ".join(
-                        control.describe(_rank_of(key)) for key in missing)
+                        control.describe(rank_of_key(key)) for key in missing)
                         + f" did not build its nodes within {options.join_timeout_s:g} s")
                     self.progress(f"{self.name}: {len(fabric.nodes)} nodes built "
                                   f"(run {fabric.run_id}, job {self.job}); all machines ready")
@@ -213,7 +213,7 @@ class MachineAgent:
         except BaseException as exc:
             # The fabric's ExitStack ran whatever ended the run; only its own failure (a
             # FabricError from the teardown) can leave something behind.
-            restored = {"ok": not isinstance(exc, FabricError), "error": _reason(exc)}
+            restored = {"ok": not isinstance(exc, FabricError), "error": stop_reason(exc)}
             raise
         finally:
             self.fabric = None
@@ -264,12 +264,13 @@ class MachineAgent:
     # -- the other machines -------------------------------------------------------------------
 
     def _follow(self, control: Control) -> str:
-        return follow_phases(control, lambda _, message: self._run_phase(control,
+        return follow_phases(control, lambda _, message: self.run_phase(control,
                                                                           Phase(**message)))
 
     # -- one phase: a torchrun per node this machine holds ------------------------------------
 
-    def _run_phase(self, control: Control, phase: Phase) -> None:
+    def run_phase(self, control: Control, phase: Phase) -> None:
+        """One phase: a torchrun for each node this machine holds, run to its end."""
         options, fabric = self.options, self.fabric
         assert fabric is not None and fabric.plan is not None and self.placement is not None
         out = (options.out_dir / phase.path).resolve()
@@ -304,12 +305,12 @@ class MachineAgent:
         control.wait_for([f"status/{phase.index}/{m}" for m in range(options.machines)],
                          options.reply_timeout_s,
                          lambda missing: f"phase {phase.index}: no word from "
-                         + ", ".join(control.describe(_rank_of(key)) for key in missing))
+                         + ", ".join(control.describe(rank_of_key(key)) for key in missing))
 
 
-class _MachinesSite(_PhasesSite):
+class _MachinesSite(PhasesSite):
     """The nodes live on several machines, one agent each: every launch is a phase that each
-    machine runs for the nodes it holds (MachineAgent._run_phase), meeting at node 0's address
+    machine runs for the nodes it holds (MachineAgent.run_phase), meeting at node 0's address
     on a port of the phase's own. Node 0 is machine 0's (machine_share), so rank 0 writes the
     results here."""
 

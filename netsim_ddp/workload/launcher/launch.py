@@ -272,7 +272,8 @@ def _wait_all(
             running.wait(timeout=min(0.1, remaining))
 
 
-def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of a log file (empty if it cannot be read), for error messages."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -318,15 +319,15 @@ def failure_report(nodes: Sequence[LaunchNode], logs: Path, failed: Sequence[int
         others = "".join(f"\nalso failed: node {nodes[e[3]].name}: {e[4]}" for e in errors[1:])
         return (
             f"node {nodes[index].name} failed first: {message}{others}\n"
-            f"{rank_dir / 'stderr.log'}:\n{_tail(rank_dir / 'stderr.log')}"
+            f"{rank_dir / 'stderr.log'}:\n{log_tail(rank_dir / 'stderr.log')}"
         )
     # No Python exception recorded (killed, segfault, hung): show what each node said.
     reports = []
     for index, node in enumerate(nodes):
         status = "exited non-zero" if index in order else "no error recorded"
         stderrs = [p for p in sorted((logs / node.name).rglob("stderr.log")) if p.stat().st_size]
-        tails = [f"{p}:\n{_tail(p)}" for p in stderrs] or [
-            f"{logs / f'{node.name}.torchrun.log'}:\n{_tail(logs / f'{node.name}.torchrun.log')}"
+        tails = [f"{p}:\n{log_tail(p)}" for p in stderrs] or [
+            f"{logs / f'{node.name}.torchrun.log'}:\n{log_tail(logs / f'{node.name}.torchrun.log')}"
         ]
         reports.append(f"--- node {node.name} ({status}) ---\n" + "\n".join(tails))
     return "\n".join(reports)

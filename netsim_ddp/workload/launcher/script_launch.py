@@ -27,8 +27,8 @@ from netsim_ddp.workload.launcher.launch import (
     FORKING_TORCHRUN,
     LaunchNode,
     WorkloadError,
-    _tail,
     free_port,
+    log_tail,
     rank_env,
     run_nodes,
     torchrun_argv,
@@ -131,7 +131,7 @@ def last_lines(nodes: Sequence[LaunchNode], logs: Path, files: str = "std*.log",
     parts = []
     for node in nodes:
         for path in sorted((logs / node.name).rglob(files)):
-            text = _tail(path, lines)
+            text = log_tail(path, lines)
             rank = path.parent.name  # torchrun's per-rank folder: attempt_0/<local rank>
             parts.append(f"--- {node.name} local rank {rank} {path.name} ---\n"
                          + (text or "(nothing)"))

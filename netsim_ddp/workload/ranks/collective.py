@@ -108,12 +108,12 @@ def run_gated_probe(probe: AllreduceProbe, out_dir: Path, timeout_s: float) -> N
     while True:
         folder = attempt_dir(out_dir, attempt)
         run_probe(probe, folder)
-        if _await_verdict(folder / VERDICT_FILE, timeout_s) == TRAIN:
+        if await_verdict(folder / VERDICT_FILE, timeout_s) == TRAIN:
             return
         attempt += 1
 
 
-def _await_verdict(path: Path, timeout_s: float) -> str:
+def await_verdict(path: Path, timeout_s: float) -> str:
     """Rank 0 waits for the harness's verdict file and hands it to every rank."""
     import torch.distributed as dist
 

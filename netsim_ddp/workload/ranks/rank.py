@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     run(spec, args.out, args.profile)
 
 
-def _flush_all() -> None:
+def flush_all() -> None:
+    """Flush Python's and C's stdio: what a rank printed reaches its log before os._exit."""
     sys.stdout.flush()
     sys.stderr.flush()
     # C stdio too: NCCL writes its INFO lines (which the harness reads to verify the
@@ -268,7 +269,7 @@ def forked_main(argv: list[str]) -> None:
     """A rank forked from netsim_ddp.workload.ranks.forking_torchrun: torch is imported already.
     The fork's end is os._exit, so no C++ static destructor runs (see below)."""
     main(argv)
-    _flush_all()
+    flush_all()
 
 
 if __name__ == "__main__":
@@ -276,5 +277,5 @@ if __name__ == "__main__":
     # Leave without C++ static destructors: seen here once in ~50 runs, a rank whose results
     # were written and whose process group was destroyed still aborted at interpreter exit
     # ("terminate called without an active exception", SIGABRT), failing a finished run.
-    _flush_all()
+    flush_all()
     os._exit(0)

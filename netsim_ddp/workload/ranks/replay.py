@@ -80,7 +80,8 @@ def replay_layout(config: WorkloadConfig) -> Layout:
     return model_layout(workload.model, config.model)
 
 
-def _profile(config: WorkloadConfig) -> ComputeProfile | None:
+def configured_profile(config: WorkloadConfig) -> ComputeProfile | None:
+    """The compute profile the workload names (workload.profile), read; None without one."""
     if config.profile is None:
         return None
     return read_profile(Path(config.profile))
@@ -178,11 +179,12 @@ class ReplayClock:
         self.started = time.perf_counter()
         self._pass_shift_s, self._shift_s = self._shift_s, 0.0
 
-    def _scale(self, seconds: float) -> float:
+    def host_seconds(self, seconds: float) -> float:
+        """Target seconds of compute as this host waits them: x the dilation and the noise."""
         return seconds * self.dilation * self.factor
 
     def _wait_until(self, offset_s: float) -> None:
-        deadline = self.started + self._scale(offset_s) + self._pass_shift_s * self.dilation
+        deadline = self.started + self.host_seconds(offset_s) + self._pass_shift_s * self.dilation
         now = time.perf_counter()
         if now < deadline:
             time.sleep(deadline - now)
@@ -200,16 +202,16 @@ class ReplayClock:
 
     def optimizer(self) -> None:
         if self.schedule.optimizer_s > 0:
-            time.sleep(self._scale(self.schedule.optimizer_s))
+            time.sleep(self.host_seconds(self.schedule.optimizer_s))
 
     def step_s(self, passes: int) -> float:
         """Host seconds one step is scheduled to take: `passes` forward + backward passes
         (micro-batches) and the optimizer."""
-        return (self._scale(passes * self.schedule.compute_s + self.schedule.optimizer_s)
+        return (self.host_seconds(passes * self.schedule.compute_s + self.schedule.optimizer_s)
                 + self.stall_s * self.dilation)
 
 
-class _Release(torch.autograd.Function):
+class ReleaseGradients(torch.autograd.Function):
     """Identity on a token; its backward waits for the layer's release time, then returns the
     layer's gradients (zeros, expanded: no memory)."""
 
@@ -261,7 +263,7 @@ class ReplayModel(nn.Module):
         self.clock.forward()
         for index, holder in enumerate(self.layers):
             params: nn.ParameterList = holder.params  # type: ignore[assignment]
-            token = _Release.apply(token, self.clock, index, *params)
+            token = ReleaseGradients.apply(token, self.clock, index, *params)
         return token
 
 
@@ -307,7 +309,7 @@ class ReplayTrainer:
 def build_replay(config: WorkloadConfig, mode: Mode, dilation: float,
                  rank: int, node: int = 0) -> tuple[ReplayModel, ReplayClock]:
     layout = replay_layout(config)
-    schedule = replay_schedule(config, mode, layout, _profile(config))
+    schedule = replay_schedule(config, mode, layout, configured_profile(config))
     clock = ReplayClock(schedule, dilation, NoiseModel.load(config.noise), rank, node)
     return ReplayModel(layout, clock), clock
 

@@ -40,7 +40,7 @@ from netsim_ddp.common.signal_files import SIGNAL_DIR_ENV, signal_file
 from netsim_ddp.workload.contract import steps
 from netsim_ddp.workload.contract.window import leads_node, step_loss_reader
 from netsim_ddp.workload.ranks import framework_paths
-from netsim_ddp.workload.ranks.rank import _flush_all
+from netsim_ddp.workload.ranks.rank import flush_all
 from netsim_ddp.workload.ranks.script_replay import replay_for
 from netsim_ddp.workload.ranks.timing import BucketTimer
 
@@ -201,10 +201,10 @@ def main(argv: list[str] | None = None) -> None:
 def forked_main(argv: list[str]) -> None:
     """A rank forked from netsim_ddp.workload.ranks.forking_torchrun (torch imported already)."""
     main(argv)
-    _flush_all()
+    flush_all()
 
 
 if __name__ == "__main__":
     main()
-    _flush_all()
+    flush_all()
     os._exit(0)  # as rank.py: no C++ static destructors after a finished run

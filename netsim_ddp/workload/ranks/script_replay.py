@@ -3,7 +3,7 @@ unmodified, but the module it hands to DistributedDataParallel does not compute.
 
 When the script constructs DDP, the wrapped module's `forward` is replaced on that instance:
 it waits out the target's forward time and returns zeros shaped as the real forward's outputs,
-joined to a chain of autograd functions (replay._Release), one per layer of the script's own
+joined to a chain of autograd functions (replay.ReleaseGradients), one per layer of the script's own
 model (replay.model_layout: modules owning parameters, registration order), whose backward
 waits for the layer's release time and returns its gradients (zeros). DDP's buckets are built
 over the script's real parameters, so their count, sizes and order are the script's, and every
@@ -47,10 +47,10 @@ from netsim_ddp.workload.contract.noise_draws import NoiseModel
 from netsim_ddp.workload.contract.steps import ScriptSpec
 from netsim_ddp.workload.contract.window import NODE_RANK_ENV
 from netsim_ddp.workload.ranks.replay import (
+    ReleaseGradients,
     ReplayClock,
     ReplaySchedule,
-    _profile,
-    _Release,
+    configured_profile,
     model_layout,
     replay_schedule,
 )
@@ -132,7 +132,7 @@ class ReplayedModule:
         clock.forward()
         token = torch.zeros(1)
         for index, group in enumerate(self.groups):
-            token = _Release.apply(token, clock, index, *group)
+            token = ReleaseGradients.apply(token, clock, index, *group)
         joint = token.reshape(())
         leaves, spec = self.shapes[key]
         out = []
@@ -193,7 +193,7 @@ class ScriptReplay:
             seen.update(id(p) for p in group)
             if group:
                 groups.append(group)
-        profile = _profile(self.config)
+        profile = configured_profile(self.config)
         clocks: dict[bool, ReplayClock] = {}
         noise = NoiseModel.load(self.config.noise)  # the same seeded stalls and speeds as replay
         node = int(os.environ.get(NODE_RANK_ENV, "0"))  # the harness hands each node its rank
@@ -231,7 +231,7 @@ class ScriptReplay:
             return
         clock = self.model.last_clock or self.model.clocks[False]
         started = max(self._optimizer_started, self._backward_done)
-        deadline = started + clock._scale(clock.schedule.optimizer_s)
+        deadline = started + clock.host_seconds(clock.schedule.optimizer_s)
         self._optimizer_started = None
         now = time.perf_counter()
         if now < deadline:
@@ -246,7 +246,7 @@ class ScriptReplay:
         scheduled = 0.0
         if self.model is not None:
             clock = self.model.last_clock or self.model.clocks[False]
-            scheduled = clock._scale(clock.schedule.compute_s + clock.schedule.optimizer_s)
+            scheduled = clock.host_seconds(clock.schedule.compute_s + clock.schedule.optimizer_s)
         self.iteration += 1
         if self.model is not None:
             for clock in self.model.clocks.values():
