@@ -228,9 +228,9 @@ def host(file: str, node_rank: int, nnodes: int, master_addr: str, master_port: 
     NIC exactly; node 0 reports as `run` does."""
     import secrets
 
+    from netsim_ddp.run.folders import run_folder
     from netsim_ddp.run.hosts.host_agent import run_host
     from netsim_ddp.run.hosts.host_options import HostOptions
-    from netsim_ddp.run.runner import run_folder
 
     (scenario,) = load_scenarios((file,))
     if scenario.workload is not None and scenario.workload.is_script:
@@ -291,8 +291,8 @@ def machine(file: str, machine_rank: int, machines: int, master_addr: str, maste
     --nic (VXLAN), trains at the job's dilation; machine 0 reports as `run` does."""
     import secrets
 
+    from netsim_ddp.run.folders import run_folder
     from netsim_ddp.run.hosts.machine_agent import MachineOptions, run_machine
-    from netsim_ddp.run.runner import run_folder
 
     (scenario,) = load_scenarios((file,), host_check=False)  # the agent checks this machine's share
     session = _agent_session(tolerances, baseline, alpha, save_baseline)
@@ -314,8 +314,8 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     follower's word that the job finished. `temporary`: the agent's folder when no --out named
     one, removed unless the run failed or erred."""
     from netsim_ddp.fabric import FabricError
+    from netsim_ddp.run.folders import remove_when_done
     from netsim_ddp.run.hosts.host_options import HostConfigError, HostError
-    from netsim_ddp.run.runner import remove_when_done
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
     from netsim_ddp.workload import WorkloadError
 

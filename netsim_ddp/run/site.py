@@ -1,5 +1,5 @@
 """Where a run's nodes live: the interface the runner drives. The emulated fabric on this host
-(runner.EmulatedSite), real hosts, one agent each (host_agent's site), and several machines
+(emulated_site.EmulatedSite), real hosts, one agent each (host_agent's site), and several machines
 running one scale model (machine_agent's site) implement it. probe_and_train
 drives any of them the same way, so every site gets the same probe, the same accounting and
 the same checks."""

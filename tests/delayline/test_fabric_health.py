@@ -16,7 +16,7 @@ from netsim_ddp.fabric.delayline import DelayLineError
 from netsim_ddp.fabric.delayline.health import judge_final, judge_window
 from netsim_ddp.fabric.delayline.probes import ProbePath, tcp_bulk
 from netsim_ddp.fabric.namespaces import netns
-from netsim_ddp.run import runner
+from netsim_ddp.run import emulated_site, runner
 from netsim_ddp.workload import RankSpec, WorkloadConfig, launch
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("needs_fabric")]
@@ -59,7 +59,7 @@ class SleepingRanks:
 def test_a_forwarder_that_dies_mid_run_ends_the_launch_at_once(tmp_path) -> None:
     with Fabric(scenario()) as fabric:
         delay_ns = fabric.plan.nodes[0].delay_netns
-        guard = runner.watchdog(fabric)
+        guard = emulated_site.watchdog(fabric)
         calls = []
 
         def watchdog() -> None:
@@ -111,7 +111,7 @@ def _run_killing(tmp_path, monkeypatch, kill) -> tuple[Exception, float]:
                       watchdog=killing_watchdog, **kwargs)
 
     monkeypatch.setattr(background.BackgroundTraffic, "__enter__", enter)
-    monkeypatch.setattr(runner, "launch", sleeping_launch)
+    monkeypatch.setattr(emulated_site, "launch", sleeping_launch)
     sc = scenario(fidelity={"enabled": False},
                   background=[{"source": "n0", "destination": "n1"}],
                   workload={"params": "10k", "iterations": 2, "warmup": 1})

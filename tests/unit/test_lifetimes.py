@@ -9,8 +9,8 @@ import pytest
 from netsim_ddp import Scenario
 from netsim_ddp.fabric import naming
 from netsim_ddp.fabric.background import BackgroundBytes, BackgroundTraffic
-from netsim_ddp.run import runner
-from netsim_ddp.run.runner import run_folder
+from netsim_ddp.run import folders, runner
+from netsim_ddp.run.folders import run_folder
 from netsim_ddp.scenario.workload import WorkloadConfig
 from netsim_ddp.verdicts.gate import Verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
@@ -235,6 +235,6 @@ def test_an_empty_temporary_folder_goes_whatever_the_outcome(temp_root):
     # An agent refused or broken before anything ran wrote nothing there to read.
     empty, written = run_folder(None, "ffffff"), run_folder(None, "gggggg")
     (written / "logs").mkdir()
-    assert runner.remove_when_done(empty, "error") and not empty.exists()
-    assert not runner.remove_when_done(written, "error") and written.exists()
-    assert not runner.remove_when_done(None, "passed")
+    assert folders.remove_when_done(empty, "error") and not empty.exists()
+    assert not folders.remove_when_done(written, "error") and written.exists()
+    assert not folders.remove_when_done(None, "passed")

@@ -10,7 +10,7 @@ from netsim_ddp import Scenario
 from netsim_ddp.common.metrics import bus_bandwidth
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
 from netsim_ddp.measure.probe import CollectiveFidelity
-from netsim_ddp.run import probing, runner
+from netsim_ddp.run import emulated_site, probing
 from netsim_ddp.workload.ranks.collective import VERDICT_FILE, AllreduceResult
 
 SIZE = 8 * 2**20
@@ -46,7 +46,7 @@ def canned(monkeypatch):
 
         results = iter([result("float32", f)] + ([result("float16", float16[i])] if float16 else [])
                        for i, f in enumerate(fractions))
-        monkeypatch.setattr(runner, "launch", lambda *args, **kwargs: launched.append(args))
+        monkeypatch.setattr(emulated_site, "launch", lambda *args, **kwargs: launched.append(args))
         monkeypatch.setattr(probing, "read_probe", lambda out: next(results))
         return launched
 
@@ -55,7 +55,7 @@ def canned(monkeypatch):
 
 def probe(sc, tmp_path, messages=None):
     def on_two_nodes(spec, out_dir, timeout_s, **options):  # as run_scenario's launcher
-        return runner.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
+        return emulated_site.launch(["n0", "n1"], spec, out_dir, timeout_s, **options)
 
     progress = (messages.append if messages is not None else lambda message: None)
     return probing.probe_collective(on_two_nodes, sc, tmp_path, None,

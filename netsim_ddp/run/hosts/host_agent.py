@@ -12,14 +12,14 @@ Over the store the agents
    traffic passes unshaped and uncounted);
 3. measure their clock's offset to node 0's (netsim_ddp.common.clock), so every timestamp of the
    job (measured windows, background byte series, each rank's steps) is on one clock;
-4. run phases: node 0 runs the very code `netsim-ddp run` runs (runner.probe_and_train and
-   runner.finish_report) with a launcher that publishes each launch as a phase; every agent
+4. run phases: node 0 runs the very code `netsim-ddp run` runs (training.probe_and_train and
+   judge.judge_run) with a launcher that publishes each launch as a phase; every agent
    then starts its torchrun for it. Results land on whichever host the rendezvous made rank 0;
    its agent uploads them to the store, so node 0 always has them. Background flows are
    phases too: each agent starts the sinks of the flows to its node, publishes their ports,
    starts the senders of the flows from its node to the other hosts' addresses, and at the
    end sends node 0 its ends' byte series, which node 0 assembles into the account `run`
-   makes (runner.finish_report: the same subtraction and background checks);
+   makes (judge.judge_run: the same subtraction and background checks);
 5. end: node 0 publishes the verdict, every agent restores its NIC and reports that it did.
 
 Failures: an agent that fails posts `abort` (the first one wins) with the reason and its
@@ -77,9 +77,10 @@ from netsim_ddp.run.hosts.host_site import (
     follow_phases,
     lead_phases,
 )
-from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
+from netsim_ddp.run.training import probe_and_train
 from netsim_ddp.scenario.units import format_rate
+from netsim_ddp.verdicts.judge import judge_run
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec
 from netsim_ddp.workload.contract.window import NODE_RANK_ENV
@@ -246,7 +247,7 @@ class HostAgent:
             trained = probe_and_train(
                 options.scenario.model_copy(update={"workload": workload}), site, report)
             if trained is not None:
-                finish_report(report, *trained)
+                judge_run(report, *trained)
 
         return lead_phases(control, phases, report, train)
 

@@ -97,7 +97,7 @@ class HostsSite(PhasesSite):
 
 
 class _HostsTraffic(contextlib.AbstractContextManager):
-    """Node 0's handle on the background flows of every host, as runner.probe_and_train
+    """Node 0's handle on the background flows of every host, as training.probe_and_train
     uses BackgroundTraffic on one host: started before the training phase, stopped after it
     with every end's byte series assembled into one BackgroundBytes."""
 

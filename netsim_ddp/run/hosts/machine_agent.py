@@ -11,7 +11,7 @@ k times longer.
 The agents meet over c10d's TCPStore at --master-addr:--master-port (run/hosts/host_control: hellos,
 heartbeats, the first abort); machine 0 draws the job's id and subnet, checks that every
 machine was given the same scenario, and then runs the very code `run` runs
-(runner.probe_and_train, finish_report) with a site whose every launch is a phase: each
+(training.probe_and_train, judge.judge_run) with a site whose every launch is a phase: each
 machine starts one torchrun per node it holds, all meeting at node 0's emulated address
 (static rendezvous), so bootstrap and training ride the emulated links. Node 0 is machine
 0's, so rank 0 writes the results there. The all-reduce probe spans every machine: a job
@@ -49,12 +49,13 @@ from netsim_ddp.run.hosts.host_agent import stop_reason
 from netsim_ddp.run.hosts.host_control import POLL_S, Control, rank_of_key
 from netsim_ddp.run.hosts.host_options import AgentOptions, HostConfigError, HostError
 from netsim_ddp.run.hosts.host_site import OUT_MARK, Phase, PhasesSite, follow_phases, lead_phases
-from netsim_ddp.run.runner import finish_report, probe_and_train
 from netsim_ddp.run.site import RunOptions
+from netsim_ddp.run.training import probe_and_train
 from netsim_ddp.scenario.dilation import dilated
 from netsim_ddp.scenario.limits import check_host
 from netsim_ddp.scenario.machines import MachineConfigError, check_machines, machine_share
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
+from netsim_ddp.verdicts.judge import judge_run
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import RankSpec, WorkloadError
 from netsim_ddp.workload.launcher.launch import (
@@ -247,7 +248,7 @@ class MachineAgent:
                                       report)
             if trained is not None:
                 results, background = trained
-                finish_report(report, {mode: to_target_time(result, k)
+                judge_run(report, {mode: to_target_time(result, k)
                                        for mode, result in results.items()}, background)
 
         return lead_phases(control, phases, report, train)
