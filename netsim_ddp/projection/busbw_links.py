@@ -80,8 +80,8 @@ def plan_target_busbw(scenario: Scenario) -> TargetBusbw:
         calibration = load_allreduce(path)
     except (CalibrationError, NcclParseError, OSError) as exc:
         raise ScenarioError(scenario.path, FIELD, f"{path}: {exc}") from None
-    sizes, how = job_sizes(workload)
     factor = bus_factor("all_reduce", calibration.world_size)
+    sizes, how = job_sizes(workload)
     bus_s = np.array([calibration.curve(size) / factor for size in sizes])  # S / busbw
     busbw = tuple(float(size * 8 / t) for size, t in zip(sizes, bus_s, strict=True))
     if len(sizes) > 1:

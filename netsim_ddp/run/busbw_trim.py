@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from netsim_ddp.fabric import Fabric
+from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.projection.busbw_links import (
     errors,
     next_delay,
@@ -23,7 +24,7 @@ from netsim_ddp.verdicts.busbw_checks import measured_busbw
 
 
 def trimmed_busbw(scenario: Scenario, workload, plan: TargetBusbw, dilation: float,
-                   run_id: str, placement, out: Path, timeout_s: float | None,
+                   run_id: str, placement: Placement, out: Path, timeout_s: float | None,
                    progress: Progress) -> TargetBusbw:
     """`[link] busbw_from`'s links, their delay chosen by probe passes (each: the links built,
     the job's sizes timed once, the links taken down; projection.target_busbw.next_delay). A
@@ -37,8 +38,7 @@ def trimmed_busbw(scenario: Scenario, workload, plan: TargetBusbw, dilation: flo
         planned = with_target_busbw(scenario, candidate)
         host = dilated(planned, dilation) if dilation != 1 else planned
         with Fabric(host, dilation=dilation, run_id=run_id) as fabric:
-            site = EmulatedSite(fabric, host, placement.node_env(
-                run_id, [node.name for node in fabric.nodes]), RunOptions(out, progress=progress))
+            site = EmulatedSite(fabric, host, placement, RunOptions(out, progress=progress))
             fidelity = probe_collective(
                 site.launch, host.model_copy(update={"workload": workload}),
                 out / f"pass{len(tried)}", timeout_s, progress, site.watch(None),

@@ -14,9 +14,10 @@ from netsim_ddp.fabric.counters.connection_sampler import ConnectionSampler
 from netsim_ddp.fabric.counters.sampling_thread import SamplingThread
 from netsim_ddp.fabric.counters.uplink_sampler import UplinkSampler
 from netsim_ddp.fabric.delayline import health as delay_line_health
-from netsim_ddp.fabric.schedule import LinkScheduler
+from netsim_ddp.fabric.schedule import LinkScheduler, plan_schedule
+from netsim_ddp.hostfacts.placement import Placement
 from netsim_ddp.measure.attribution import CounterSeries
-from netsim_ddp.run.site import Progress, RunOptions, Site
+from netsim_ddp.run.site import RunOptions, Site
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, launch
@@ -30,10 +31,11 @@ class EmulatedSite(Site):
 
     gated_probe = True
 
-    def __init__(self, fabric: Fabric, scenario: Scenario, node_env: list[dict[str, str]],
+    def __init__(self, fabric: Fabric, scenario: Scenario, placement: Placement,
                  options: RunOptions):
         super().__init__(options)
-        self.fabric, self.scenario, self.node_env = fabric, scenario, node_env
+        self.fabric, self.scenario = fabric, scenario
+        self.node_env = placement.node_env(fabric.run_id, [node.name for node in fabric.nodes])
 
     def launch(self, spec: RankSpec, out_dir: Path, timeout_s: float, *, profile: bool = False,
                env: Mapping[str, str] | None = None,
@@ -56,10 +58,38 @@ class EmulatedSite(Site):
     def watch(self, traffic: BackgroundTraffic | None) -> Callable[[], None] | None:
         return watchdog(self.fabric, traffic)
 
-    def scheduler(self, schedule, signals: Path) -> LinkScheduler | None:
+    def scheduler(self, signals: Path) -> LinkScheduler | None:
+        steps = plan_schedule(self.scenario)
         plan = self.fabric.plan
         assert plan is not None  # the fabric is built while the site is used
-        return LinkScheduler(plan.nodes, plan.switch_netns, schedule, signals)
+        return LinkScheduler(plan.nodes, plan.switch_netns, steps, signals) if steps else None
+
+    @contextlib.contextmanager
+    def sampled_counters(self, report: ScenarioReport) -> Iterator[None]:
+        """The fabric's counters sampled while the ranks train, into `report` once they stop (read
+        while the switch exists): the racks' uplink drops, and per connection where a neighbour's
+        flows share the nodes' counters with the job."""
+        fabric, scenario, progress = self.fabric, self.scenario, self.options.progress
+        assert fabric.plan is not None  # built
+        uplinks = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
+        connections = [ConnectionSampler(fabric.plan)] if scenario.background else []
+        samplers: list[SamplingThread] = [uplinks, *connections]
+        try:
+            with contextlib.ExitStack() as sampling:
+                for sampler in samplers:
+                    sampling.enter_context(sampler)
+                yield
+        finally:
+            report.uplinks = fabric.uplink_counters()
+            report.counters = [CounterSeries(f"uplink {name} drops", None, points)
+                               for name, points in uplinks.samples.items() if points]
+            for sampler in connections:
+                report.counters += [CounterSeries(name, None, points)
+                                    for name, points in sorted(sampler.grown().items())]
+            for sampler in samplers:
+                if sampler.error:
+                    progress(f"{scenario.name}: {sampler.thread_name} sampled until: "
+                             f"{sampler.error}")
 
 
 def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callable[[], None]:
@@ -78,31 +108,3 @@ def watchdog(fabric: Fabric, traffic: BackgroundTraffic | None = None) -> Callab
                 monitor.request_snapshot()
 
     return check
-
-
-@contextlib.contextmanager
-def sampled_counters(fabric: Fabric, scenario: Scenario, report: ScenarioReport,
-                     progress: Progress) -> Iterator[None]:
-    """The fabric's counters sampled while the ranks train, into `report` once they stop (read
-    while the switch exists): the racks' uplink drops, and per connection where a neighbour's
-    flows share the nodes' counters with the job."""
-    assert fabric.plan is not None  # built
-    uplinks = UplinkSampler(fabric.plan)  # racks only: a flat switch has no uplinks
-    connections = [ConnectionSampler(fabric.plan)] if scenario.background else []
-    samplers: list[SamplingThread] = [uplinks, *connections]
-    try:
-        with contextlib.ExitStack() as sampling:
-            for sampler in samplers:
-                sampling.enter_context(sampler)
-            yield
-    finally:
-        report.uplinks = fabric.uplink_counters()
-        report.counters = [CounterSeries(f"uplink {name} drops", None, points)
-                           for name, points in uplinks.samples.items() if points]
-        for sampler in connections:
-            report.counters += [CounterSeries(name, None, points)
-                                for name, points in sorted(sampler.grown().items())]
-        for sampler in samplers:
-            if sampler.error:
-                progress(f"{scenario.name}: {sampler.thread_name} sampled until: "
-                         f"{sampler.error}")

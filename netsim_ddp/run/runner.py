@@ -20,7 +20,7 @@ from netsim_ddp.hostfacts.placement import place
 from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.projection.busbw_links import plan_target_busbw, with_target_busbw
 from netsim_ddp.run.busbw_trim import trimmed_busbw
-from netsim_ddp.run.emulated_site import EmulatedSite, sampled_counters
+from netsim_ddp.run.emulated_site import EmulatedSite
 from netsim_ddp.run.folders import remove_when_done, run_folder
 from netsim_ddp.run.site import Progress, RunOptions
 from netsim_ddp.run.training import probe_and_train
@@ -31,8 +31,7 @@ from netsim_ddp.verdicts.judge import judge_run
 from netsim_ddp.verdicts.run_checks import delay_line_checks
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult
-from netsim_ddp.workload.contract.noise_draws import resolved_trace
-from netsim_ddp.workload.launcher.script_launch import resolve_command
+from netsim_ddp.workload.launcher.resolve import resolved_workload
 
 
 def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
@@ -90,15 +89,7 @@ def _run_in_folder(scenario: Scenario, dilation: float, *, out_dir: Path | None,
                    iterations: int | None, profile: bool, allow_untrusted: bool,
                    timeout_s: float | None, progress: Progress,
                    on_built: Callable[[Fabric], None] | None) -> ScenarioReport:
-    workload = scenario.workload
-    if workload is None:
-        raise ValueError(f"{scenario.path or scenario.name}: workload: required to run training; "
-                         "add a [workload] section (see README)")
-    if iterations is not None:
-        workload = workload.model_copy(update={"iterations": iterations})
-    if workload.command is not None:  # a missing script fails before anything is built
-        resolve_command(workload.command, scenario.path.parent if scenario.path else None)
-    workload = _resolved_profile(scenario, workload)
+    workload = resolved_workload(scenario, iterations)
     target_busbw = None
     if scenario.link.busbw_from is not None:  # the target's transport: links that deliver it
         target_busbw = plan_target_busbw(scenario.model_copy(update={"workload": workload}))
@@ -137,17 +128,6 @@ def _run_in_folder(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     return report
 
 
-def _resolved_profile(scenario: Scenario, workload):
-    """workload.profile (and the noise's trace) relative to the scenario file, as absolute
-    paths the ranks read."""
-    base = scenario.path.parent if scenario.path is not None else Path.cwd()
-    if workload.noise is not None and workload.noise.trace is not None:
-        workload = workload.model_copy(update={"noise": resolved_trace(workload.noise, base)})
-    if workload.profile is None or Path(workload.profile).is_absolute():
-        return workload
-    return workload.model_copy(update={"profile": str((base / workload.profile).resolve())})
-
-
 def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport, out: Path,
            profile: bool, allow_untrusted: bool, timeout_s: float | None,
            progress: Progress, on_built: Callable[[Fabric], None] | None = None,
@@ -159,11 +139,10 @@ def _train(fabric: Fabric, scenario: Scenario, workload, report: ScenarioReport,
         report.tcp_settings = fabric.tcp_settings
         if on_built is not None:
             on_built(fabric)
-        placement = report.placement or place(workload, scenario.topology)
-        site = EmulatedSite(fabric, scenario, placement.node_env(
-            fabric.run_id, [node.name for node in fabric.nodes]), RunOptions(
-                out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
-                progress=progress))
-        with sampled_counters(fabric, scenario, report, progress):
+        assert report.placement is not None  # placed before anything was built
+        site = EmulatedSite(fabric, scenario, report.placement, RunOptions(
+            out, profile=profile, allow_untrusted=allow_untrusted, timeout_s=timeout_s,
+            progress=progress))
+        with site.sampled_counters(report):
             return probe_and_train(scenario.model_copy(update={"workload": workload}), site,
                                    report)

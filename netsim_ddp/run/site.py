@@ -82,5 +82,7 @@ class Site:
     def watch(self, traffic: Any) -> Callable[[], None] | None:
         return None
 
-    def scheduler(self, schedule: Any, signals: Path) -> LinkScheduler | None:
+    def scheduler(self, signals: Path) -> LinkScheduler | None:
+        """The scenario's [[link.schedule]] replayed in each measured window signalled in
+        `signals`; None without one, or where this site cannot change its links."""
         return None

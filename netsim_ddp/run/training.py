@@ -12,7 +12,6 @@ from netsim_ddp.common.metrics import ring_allreduce_lower_bound
 from netsim_ddp.common.signal_files import SIGNAL_DIR_ENV
 from netsim_ddp.fabric.background import BackgroundBytes
 from netsim_ddp.fabric.fidelity import slowest_link_goodput
-from netsim_ddp.fabric.schedule import plan_schedule
 from netsim_ddp.hostfacts.hostload import CpuLoad, CpuTimes
 from netsim_ddp.hostfacts.nccl import (
     NODE_IFNAME,
@@ -45,7 +44,6 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
     profile, timeout_s, dilation = options.profile, options.timeout_s, report.dilation
     transport_ifname = site.transport_ifname
     job_sizes = report.target_busbw.sizes if report.target_busbw is not None else ()
-    link_bps, _ = slowest_link_goodput(scenario)
     nccl = workload.backend == "nccl" and scenario.topology.nodes > 1
     probing: ProbeAttempts | None = None
     # Under NCCL the probe also runs without fidelity: its log shows NCCL's transport between
@@ -84,13 +82,12 @@ def probe_and_train(scenario: Scenario, site: Site, report: ScenarioReport,
     signals.mkdir(parents=True)  # this run's own: an older run's files would replay
     spec = RankSpec(workload=workload, allreduce_probe=probing.probe if probing else None,
                     probe_gated=probing is not None, dilation=dilation)
-    timeout_s = timeout_s or (_training_timeout(scenario, workload, link_bps, dilation)
+    timeout_s = timeout_s or (_training_timeout(scenario, workload, dilation)
                               + (probing.limit * probing.attempt_timeout_s if probing else 0))
     if workload.is_script:
         progress(f"{scenario.name}: each run of the script may take {timeout_s:.0f} s (--timeout)")
-    schedule = plan_schedule(scenario)
-    report.link_schedule = site.scheduler(schedule, signals) if schedule else None
-    if schedule and report.link_schedule is None:
+    report.link_schedule = site.scheduler(signals)
+    if scenario.link.schedule and report.link_schedule is None:
         raise WorkloadError(f"{scenario.name}: [[link.schedule]] is not supported by this "
                             "launcher; remove it or run the scenario with `netsim-ddp run`")
     try:
@@ -157,11 +154,12 @@ def _transport_verified(report: ScenarioReport, scenario: Scenario, launch_out: 
     return report.transport.ok
 
 
-def _training_timeout(scenario: Scenario, workload, link_bps: float,
+def _training_timeout(scenario: Scenario, workload,
                       dilation: float = 1.0) -> float:
     """Generous: start-up, plus every step at 10x the ideal all-reduce time (and 2 s), plus
     replayed compute (x the dilation; a profile's time unknown here: 2 s)."""
     world = scenario.topology.nodes * scenario.topology.ranks_per_node
+    link_bps, _ = slowest_link_goodput(scenario)
     step = max(2.0, 10 * ring_allreduce_lower_bound(workload.params * 4, world, link_bps))
     if workload.is_script:  # per variant: its start-up (imports, model, data), then steps
         return 240 + (workload.warmup + workload.iterations) * 5 * step

@@ -33,6 +33,7 @@ from netsim_ddp.workload.launcher.launch import (
     run_nodes,
     torchrun_argv,
 )
+from netsim_ddp.workload.launcher.resolve import resolve_command
 
 SCRIPT_MODULE = "netsim_ddp.workload.ranks.script_rank"
 LAST_LINES = 5  # of each rank's output, when a script hangs
@@ -40,22 +41,6 @@ LAST_LINES = 5  # of each rank's output, when a script hangs
 # each rank alone unless told to use the CPU (Accelerate and transformers' Trainer: what
 # `accelerate launch --cpu` sets). A variant's own env may still override it.
 TARGET_LOOKALIKE_ENV = {"ACCELERATE_USE_CPU": "true"}
-
-
-def resolve_command(command: Sequence[str], base_dir: Path | None) -> list[str]:
-    """A relative script path is taken from `base_dir` (the scenario file's folder) if the
-    file is there, else from the working directory; `-m MODULE` stays as it is."""
-    if command[0] == "-m":
-        return list(command)
-    script = Path(command[0])
-    places = [script] if script.is_absolute() else [
-        *([base_dir / script] if base_dir is not None else []), Path.cwd() / script]
-    found = next((place for place in places if place.is_file()), None)
-    if found is None:
-        raise WorkloadError(f"workload.command: no script {command[0]!r}: looked for "
-                            + " and ".join(str(place) for place in places))
-    script = found
-    return [str(script.resolve()), *command[1:]]
 
 
 def launch_script(
