@@ -56,7 +56,7 @@ def clean(dry_run: bool, forget_nic: str | None) -> None:
 
 
 def _clean_nics(dry_run: bool, forget: str | None = None) -> NicCleanup:
-    """Say what cleaning up NICs (fabric.nic_cleanup) did, or would do."""
+    """Say what cleaning up NICs (fabric.nic.cleanup) did, or would do."""
     from netsim_ddp.fabric.nic.cleanup import clean_nics
 
     cleanup = clean_nics(dry_run=dry_run, forget=forget)

@@ -1,7 +1,7 @@
 """The fabric as pure data: what namespaces, links, addresses and qdiscs a scenario needs.
 
 Computed before anything touches the kernel, so it can be unit-tested without root and shown to
-people (`netsim-ddp plan`). `fabric.core.Fabric` realises it when entered.
+people (`netsim-ddp plan`). `fabric.emulated_network.Fabric` realises it when entered.
 """
 
 from __future__ import annotations

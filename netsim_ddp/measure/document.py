@@ -164,7 +164,7 @@ class ModeRecord(Record):
                 raise ValueError(f"summary.{name}: missing, while {name} holds "
                                  f"{len(getattr(self, name))} samples")
         return self
-    # Scale model (measure.dilation): times above are the target's; the host's beside them.
+    # Scale model (measure.target_time): times above are the target's; the host's beside them.
     dilation: float = 1.0
     compute_source: str = "real"
     host_s: dict[str, list[float]] | None = None

@@ -27,7 +27,7 @@ def trimmed_busbw(scenario: Scenario, workload, plan: TargetBusbw, dilation: flo
                    run_id: str, placement: Placement, out: Path, timeout_s: float | None,
                    progress: Progress) -> TargetBusbw:
     """`[link] busbw_from`'s links, their delay chosen by probe passes (each: the links built,
-    the job's sizes timed once, the links taken down; projection.target_busbw.next_delay). A
+    the job's sizes timed once, the links taken down; projection.busbw_links.next_delay). A
     plan without latency has nothing to search: its rate alone is the file's bandwidth."""
     if not plan.delay_s:
         return plan

@@ -5,7 +5,7 @@ entries, racks' uplinks, paced background flows) are divided by k; delays, jitte
 offsets, flaps and background on/off periods are multiplied by k; queues keep their bytes (so
 their delay in time grows by k, as everything else's). Replayed compute sleeps k x the target's
 time (the ranks get k in their RankSpec). Times measured in the dilated world are divided by k
-before anything reports or judges them (measure.dilation), so they are the target's.
+before anything reports or judges them (measure.target_time), so they are the target's.
 
 Byte counts do not change: a dilated run puts exactly the target's bytes on the wire.
 

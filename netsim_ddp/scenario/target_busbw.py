@@ -1,5 +1,5 @@
 """What `[link] busbw_from` asks of a scenario's links: the job's all-reduce sizes (DDP's
-buckets) and, once planned (projection.target_busbw), the bus bandwidth the user's nccl-tests
+buckets) and, once planned (projection.busbw_links), the bus bandwidth the user's nccl-tests
 file measured at each and the rate and latency the links get for it. Pure data: the fit is the
 projection's, the check (fidelity:busbw) the verdicts'.
 """

@@ -63,7 +63,7 @@ class AllreduceProbe(BaseModel):
     iterations: int = Field(3, gt=0)
     warmup: int = Field(1, ge=0)
     # [link] busbw_from: float32 all-reduces at each of the job's bucket sizes too, after the
-    # fidelity dtypes, for fidelity:busbw (projection.target_busbw).
+    # fidelity dtypes, for fidelity:busbw (projection.busbw_links).
     job_sizes: list[int] = Field(default_factory=list)
 
 

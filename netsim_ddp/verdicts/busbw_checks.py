@@ -1,7 +1,7 @@
 """`fidelity:busbw`: did the links deliver the bus bandwidth of the user's nccl-tests file
 (`[link] busbw_from`) at the job's bucket sizes?
 
-The links were set from a fit (projection.target_busbw); this is the measurement: the
+The links were set from a fit (projection.busbw_links); this is the measurement: the
 all-reduce probe's float32 all-reduce at each size, on the built links, in the target's time
 (a scale model's bus bandwidth x k), against the file's at that size, within its TOLERANCE.
 """

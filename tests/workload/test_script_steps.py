@@ -1,4 +1,4 @@
-"""A user's script's steps, as the recorder sees them (workload.launcher.steps): no torch, no
+"""A user's script's steps, as the recorder sees them (workload.contract.steps): no torch, no
 network. The edges, link counters and collective timing are stand-ins that record what was asked of
 them."""
 

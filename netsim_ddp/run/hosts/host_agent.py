@@ -8,7 +8,7 @@ Over the store the agents
 1. say hello (node rank, hostname, NIC address, a digest of the scenario they were given):
    a node that never arrives within --join-timeout ends every agent's run, named;
 2. shape their own NIC to their node's link for the traffic to and from the other hosts only
-   (fabric/nic/shaping.py, nic_plan.py: recorded first, restored exactly; the rest of the NIC's
+   (fabric/nic/shaping.py, job_plan.py: recorded first, restored exactly; the rest of the NIC's
    traffic passes unshaped and uncounted);
 3. measure their clock's offset to node 0's (netsim_ddp.common.clock), so every timestamp of the
    job (measured windows, background byte series, each rank's steps) is on one clock;

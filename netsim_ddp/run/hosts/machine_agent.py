@@ -2,11 +2,11 @@
 started by the cluster's own scheduler (srun, a Kubernetes Indexed Job).
 
 Machine m holds a contiguous share of the emulated nodes (scenario.machines.machine_share):
-its own namespaces, switch and shaping, built as `run` builds them on one host (fabric.core,
-only those nodes, with the addresses they have in the whole job's subnet), its switch joined to
-the other machines' over its NIC by a VXLAN port (fabric.overlay). Every machine runs the job's
-one dilation k: its links at rate / k, its nodes' TCP clocks dilated, its replayed compute
-k times longer.
+its own namespaces, switch and shaping, built as `run` builds them on one host
+(fabric.emulated_network, only those nodes, with the addresses they have in the whole job's
+subnet), its switch joined to the other machines' over its NIC by a VXLAN port (fabric.overlay).
+Every machine runs the job's one dilation k: its links at rate / k, its nodes' TCP clocks
+dilated, its replayed compute k times longer.
 
 The agents meet over c10d's TCPStore at --master-addr:--master-port (run/hosts/host_control: hellos,
 heartbeats, the first abort); machine 0 draws the job's id and subnet, checks that every

@@ -145,7 +145,7 @@ def bucket_maxima(ranks: Sequence[RankSamples]) -> list[list[float]] | None:
 
 class ScriptFacts(BaseModel):
     """What a script's ranks learn of its framework and its replay: each rank records them
-    (launcher.steps.ScriptRankRecord), the run's result carries them (ScriptRun)."""
+    (contract.steps.ScriptRankRecord), the run's result carries them (ScriptRun)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -227,7 +227,7 @@ class ModeResult(BaseModel):
         "empty: a script has no compute-only step to measure).")
     dilation: float = Field(
         default=1.0, description="Time dilation k of the run. The ranks write host time; "
-        "measure.dilation.to_target_time divides every duration by k (then in_target_time).")
+        "measure.target_time.to_target_time divides every duration by k (then in_target_time).")
     in_target_time: bool = Field(
         default=False, description="Durations here have been divided by `dilation`.")
     compute_source: str = Field(

@@ -3,7 +3,7 @@
 Inside an emulated node (the harness sets NETSIM_DDP_NODE), each node's local rank 0 reads its
 link's counters at the window's edges, after a barrier: every rank has then finished the previous
 all-reduce, so everything sent before has left the queues and the marks are exact. Each node's
-local rank 0 also drops a file at each edge in NETSIM_DDP_SIGNAL_DIR (common.signals), which
+local rank 0 also drops a file at each edge in NETSIM_DDP_SIGNAL_DIR (common.signal_files), which
 starts and stops the background traffic's schedule, so every mode meets the same schedule from
 its first measured step. On one host every node's rank drops the same file (one folder); on a
 multi-host run each host's folder gets its own, for the flows that start there.
