@@ -271,7 +271,7 @@ def test_only_the_jobs_traffic_is_shaped_and_counted(job_and_outsider, measure_u
 
 
 PROBE_WITHOUT_SYS_ADMIN = """
-from netsim_ddp.fabric.nic.shaping import privilege_problems, qdisc_available_here
+from netsim_ddp.fabric.nic.checks import privilege_problems, qdisc_available_here
 print(qdisc_available_here("tbf", rate="1mbit", burst=4000, limit=30000),
       qdisc_available_here("nsdnosuchqdisc"), privilege_problems())
 """
