@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 XDIST_GROUP = "netsim-ddp"
 _SESSION: pytest.StashKey[NetsimSession] = pytest.StashKey()
+UNTRUSTED_ENV = "NETSIM_DDP_UNTRUSTED"
+UNTRUSTED_CHOICES = ("skip", "fail")
 # Runs that tests made through `netsim_run` of a scenario exactly as loaded (no overrides), by
 # the scenario's JSON: that file's own item reports such a run rather than measure it again.
 _RUNS: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
@@ -48,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         if option.metavar:
             extra["metavar"] = option.metavar
         group.addoption(option.pytest_flag, dest=option.pytest_dest, help=text, **extra)
+    group.addoption(
+        "--netsim-untrusted", dest="netsim_untrusted", choices=UNTRUSTED_CHOICES,
+        default=os.environ.get(UNTRUSTED_ENV) or "skip",
+        help="a scenario this host could not emulate faithfully: 'skip' it with its reason "
+             "(default), or 'fail' it, for CI that must measure or go red (also "
+             f"{UNTRUSTED_ENV}=fail)")
     parser.addini("netsim_scenario_dirs", type="args", default=["scenarios"],
                   help="folders whose *.toml files are scenarios (default: scenarios)")
     parser.addini("netsim_rootless", type="bool", default=True,
@@ -210,17 +218,25 @@ class ScenarioItem(pytest.Item):
         measured = self.config.stash[_RUNS].get(self.scenario.model_dump_json())
         if self.scenario.sweep is not None:
             sweep = session.run_sweep(self.scenario) if measured is None else measured
-            if sweep.status == "refused":
-                pytest.skip(f"{self.scenario.name}: refused: " + "; ".join(sweep.refusals))
+            if sweep.status == "untrusted":
+                self._untrusted("; ".join(sweep.refusals))
             if not sweep.passed:
                 raise ScenarioFailure(session.sweep_failure_text(sweep))
             return
         report = session.run(self.scenario) if measured is None else measured
         self.user_properties.extend(session.properties(report))
-        if report.status == "refused":
-            pytest.skip(f"{self.scenario.name}: refused: {report.refused}")
+        if report.status == "untrusted":
+            self._untrusted(report.untrusted_reason or "")
         if report.status != "passed":
             raise ScenarioFailure(session.failure_text(report))
+
+    def _untrusted(self, reason: str) -> NoReturn:
+        """Skipped with the reason by default: nothing was judged. Failed under
+        --netsim-untrusted fail, for CI that must measure or go red."""
+        if self.config.getoption("netsim_untrusted") == "fail":
+            raise ScenarioFailure(f"{self.scenario.name}: UNTRUSTED (--netsim-untrusted fail): "
+                                  f"{reason}")
+        pytest.skip(f"{self.scenario.name}: untrusted on this host: {reason}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style=None) -> str | TerminalRepr:

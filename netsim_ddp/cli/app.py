@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -17,7 +18,19 @@ from netsim_ddp.common.files import write_whole
 from netsim_ddp.common.options import SESSION_OPTIONS
 from netsim_ddp.scenario.spec import Scenario, ScenarioError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+# The four outcomes (docs/verdicts.md): passed; failed (the code under test); bad input (a
+# scenario, option or file the command cannot use); untrusted (this host could not emulate the
+# scenario faithfully: nothing was judged, which CI must not read as a regression).
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNTRUSTED = 0, 1, 2, 3
+
+
+def exit_code(statuses: Iterable[str]) -> int:
+    """One exit code for a command's runs: failed (or broke) outweighs untrusted, which
+    outweighs passed."""
+    seen = set(statuses)
+    if seen & {"failed", "error"}:
+        return EXIT_FAILED
+    return EXIT_UNTRUSTED if "untrusted" in seen else EXIT_OK
 
 
 # Logs (CI, files) are not terminals: give tables room rather than rich's default 80 columns.

@@ -10,6 +10,7 @@ from rich.markup import escape
 from netsim_ddp.cli.app import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNTRUSTED,
     FiniteFloat,
     MachineParam,
     NetworkCommand,
@@ -192,4 +193,4 @@ def probe(files: tuple[str, ...], seconds: float | None, json_out: str | None) -
             err.print(f"{scenario.name}: {report.reason}")
     human_console(json_out).print(table)
     write_json(json_out, {"scenarios": results})
-    sys.exit(EXIT_OK if all_trusted else EXIT_FAILED)
+    sys.exit(EXIT_OK if all_trusted else EXIT_UNTRUSTED)

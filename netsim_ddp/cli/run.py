@@ -19,6 +19,7 @@ from netsim_ddp.cli.app import (
     FiniteFloat,
     NetworkCommand,
     err,
+    exit_code,
     fail_command,
     gate_options,
     human_console,
@@ -76,8 +77,7 @@ def run(files: tuple[str, ...], json_out: str | None, iterations: int | None,
             write_json(json_out, session.document().dump(), quiet=True)
     session.finish()
     write_json(json_out, session.document().dump())
-    passed = all(r.passed for r in session.reports) and all(s.passed for s in session.sweeps)
-    sys.exit(EXIT_OK if passed else EXIT_FAILED)
+    sys.exit(exit_code([r.status for r in session.reports] + [s.status for s in session.sweeps]))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -161,7 +161,7 @@ def _run_one(session, scenario: Scenario, human: Console, profile: bool,
         err.print(f"[red]{scenario.name}: error[/]: {escape(report.error)}", soft_wrap=True)
         return
     if report.refused:
-        human.print(f"[yellow]{scenario.name}: refused[/]: {escape(report.refused)}")
+        human.print(f"[yellow]{scenario.name}: UNTRUSTED[/]: {escape(report.untrusted_reason)}")
         return
     _print_report(human, report)
 
@@ -177,11 +177,15 @@ def _print_report(human: Console, report) -> None:
 
         human.print(tail_table(report))
     for check in report.checks:
-        mark = "[green]ok[/]" if check.passed else "[red]FAILED[/]"
+        mark = ("[green]ok[/]" if check.passed else "[red]FAILED[/]" if check.kind == "code"
+                else "[yellow]UNTRUSTED[/]")
         human.print(f"  {mark} {check.name}: {escape(check.detail)}")
     warning = steal_warning([report])
     if warning:
         human.print(f"  [yellow]{escape(warning)}[/]")
+    if report.status == "untrusted":
+        human.print(f"  [yellow]{report.scenario.name}: UNTRUSTED[/]: "
+                    f"{escape(report.untrusted_reason)}")
 
 
 def _agent_wait_options(member: str):
@@ -314,7 +318,7 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     follower's word that the job finished. `temporary`: the agent's folder when no --out named
     one, removed unless the run failed or erred."""
     from netsim_ddp.fabric import FabricError
-    from netsim_ddp.run.folders import remove_when_done
+    from netsim_ddp.run.folders import folder_outcome, remove_when_done
     from netsim_ddp.run.hosts.host_options import HostConfigError, HostError
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
     from netsim_ddp.workload import WorkloadError
@@ -336,21 +340,21 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     if isinstance(outcome, str):  # a follower: the verdict is the leader's to report
         out.print(f"{member}: job finished ({outcome}); {leader} reports the results")
         remove_when_done(temporary, outcome)
-        sys.exit(EXIT_OK if outcome == "passed" else EXIT_FAILED)
+        sys.exit(exit_code([outcome]))
     if outcome.error:
         err.print(f"[red]{scenario.name}: error[/]: {escape(outcome.error)}", soft_wrap=True)
     elif outcome.refused:
-        human.print(f"[yellow]{scenario.name}: refused[/]: {escape(outcome.refused)}")
+        human.print(f"[yellow]{scenario.name}: UNTRUSTED[/]: {escape(outcome.untrusted_reason)}")
     else:
         if session.baseline is not None:
             outcome.checks.extend(session.gate(outcome))
         _print_report(human, outcome)
-    if remove_when_done(temporary, outcome.status):
+    if remove_when_done(temporary, folder_outcome(outcome.status, outcome.refused)):
         outcome.out_dir = None
     session.reports.append(outcome)
     session.finish()
     write_json(json_out, session.document().dump())
-    sys.exit(EXIT_OK if outcome.passed else EXIT_FAILED)
+    sys.exit(exit_code([outcome.status]))
 
 
 @main.command("profile-compute")

@@ -35,7 +35,7 @@ from netsim_ddp.measure.machine import (
     MachineInfo,
     utc_now,
 )
-from netsim_ddp.measure.record import DocumentError, Finite, Record, Status
+from netsim_ddp.measure.record import CheckKind, DocumentError, Finite, Record, Status
 
 SCHEMA_VERSION = 2
 LEGACY_VERSION = 1  # documents written before `version` existed
@@ -174,10 +174,13 @@ class ModeRecord(Record):
 class CheckRecord(Record):
     """A verdict (gate.Verdict): a check's name, outcome and the numbers behind it."""
 
+    _omit_none = frozenset({"kind"})
+
     name: str
     passed: bool
     detail: str
     p_value: float | None = None
+    kind: CheckKind | None = None  # "host": a check of the emulation; absent: of the code
 
 
 class CpuLoadRecord(Record):
@@ -288,13 +291,14 @@ class EmulationRecord(Record):
 class ScenarioRecord(_Judged):
     """One scenario's run: its status, every mode's numbers, every check."""
 
-    _omit_none = frozenset({"scenario_digest", "emulation"})
+    _omit_none = frozenset({"scenario_digest", "emulation", "untrusted"})
 
     name: str
     file: str | None = None
     passed: bool = False
     status: Status
     refused: str | None = None
+    untrusted: str | None = None  # why this host could not be trusted, and what to try
     error: str | None = None
     run_id: str = ""
     out_dir: str | None = None

@@ -6,13 +6,29 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
 )
 
-Status = Literal["passed", "failed", "refused", "error"]
+
+def _current_status(value: Any) -> Any:
+    """Documents written before the four outcomes said "refused" for a probe's refusal."""
+    return "untrusted" if value == "refused" else value
+
+
+# The outcomes of a run (docs/verdicts.md): "passed"; "failed", a check about the code under
+# test failed; "untrusted", this host could not emulate the scenario faithfully (a probe that
+# refused the host is one kind); "error", the run broke before it could be judged (a failure).
+Status = Annotated[Literal["passed", "failed", "untrusted", "error"],
+                   BeforeValidator(_current_status)]
+# What a check is about: the code under test ("code": claims, wire bytes, baseline, history, a
+# script's checks) or this host's emulation of the scenario ("host": the probe, the delay line,
+# replay lateness, TCP clocks, background flows, link changes...). A failed "host" check makes a
+# run untrusted, never failed.
+CheckKind = Literal["code", "host"]
 
 
 # Measured samples and their summaries: a NaN or infinity there is a broken measurement.

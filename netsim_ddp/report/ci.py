@@ -49,14 +49,20 @@ def run_summary(document: ResultsDocument) -> str:
     """The results of a run: failing checks first, then per scenario the modes' medians."""
     lines = ["## netsim-ddp results", ""]
     failing = [(scenario.name, check) for scenario in document.scenarios
-               for check in scenario.checks if not check.passed]
-    broken = [scenario for scenario in document.scenarios if scenario.error or scenario.refused]
+               for check in scenario.checks if not check.passed and check.kind != "host"]
+    broken = [scenario for scenario in document.scenarios if scenario.error]
     if failing or broken:
         lines += ["### Failing", "", "| scenario | check | detail |", "|---|---|---|"]
-        lines += [f"| {_cell(s.name)} | {s.status} | {_cell(s.error or s.refused)} |"
-                  for s in broken]
+        lines += [f"| {_cell(s.name)} | {s.status} | {_cell(s.error)} |" for s in broken]
         lines += [f"| {_cell(name)} | {_cell(check.name)} | {_cell(check.detail)} |"
                   for name, check in failing]
+        lines.append("")
+    # Not a regression, and not a pass either: nothing was judged on this host.
+    untrusted = [s for s in document.scenarios if s.status == "untrusted"]
+    if untrusted:
+        lines += ["### Untrusted on this host (nothing judged)", "", "| scenario | why |",
+                  "|---|---|"]
+        lines += [f"| {_cell(s.name)} | {_cell(s.untrusted or s.refused)} |" for s in untrusted]
         lines.append("")
     lines += ["| scenario | status | mode | iteration ms | comm ms | efficiency | wire MB/it |",
               "|---|---|---|---|---|---|---|"]

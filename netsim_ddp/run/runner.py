@@ -21,7 +21,7 @@ from netsim_ddp.measure.target_time import to_target_time
 from netsim_ddp.projection.busbw_links import plan_target_busbw, with_target_busbw
 from netsim_ddp.run.busbw_trim import trimmed_busbw
 from netsim_ddp.run.emulated_site import EmulatedSite
-from netsim_ddp.run.folders import remove_when_done, run_folder
+from netsim_ddp.run.folders import folder_outcome, remove_when_done, run_folder
 from netsim_ddp.run.site import Progress, RunOptions
 from netsim_ddp.run.training import probe_and_train
 from netsim_ddp.scenario.dilation import dilated
@@ -45,7 +45,8 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
 
     A scale model ([emulation] dilation = k): the host runs scenario.dilation.dilated(k) and
     every time reported is the target's (measure.target_time). dilation = "auto" tries k = 1, 2,
-    4, ... until the fidelity probe trusts the host (at most emulation.max_dilation).
+    4, ... until the run is not untrusted: the probe trusts the links and the host kept time
+    (replay, delay line, TCP clocks), at most emulation.max_dilation.
 
     Without `out_dir` each run writes to a temporary folder, removed once the run passed or was
     refused; a run that failed or erred keeps it (report.out_dir) for its logs."""
@@ -54,24 +55,29 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
                   on_built=on_built)
     if not scenario.emulation.auto:
         return _run_at(scenario, float(scenario.emulation.dilation), **kwargs)  # type: ignore[arg-type]
-    refused: list[str] = []
+    untrusted: list[str] = []
     k = 1.0
     while True:
         progress(f"{scenario.name}: dilation auto: trying k = {k:g}")
         report = _run_at(scenario, k, **kwargs)  # type: ignore[arg-type]
-        probe = report.fidelity
-        untrusted = report.refused is not None and probe is not None and not probe.trusted
-        if not untrusted or probe is None:
+        if report.status != "untrusted":
             report.dilation_chosen = (
-                f"auto: k = {k:g}, the least power of two whose fidelity probe was trusted"
-                + (f" (refused: {'; '.join(refused)})" if refused else ""))
+                f"auto: k = {k:g}, the least power of two this host emulated faithfully"
+                + (f" (untrusted: {'; '.join(untrusted)})" if untrusted else ""))
             return report
-        refused.append(f"k = {k:g}: probe reached {probe.fraction:.0%} of the link")
+        # The links (the probe) and the host's keeping time (replay, delay line, TCP clocks)
+        # both gain from a larger k: each is a reason to try the next one.
+        probe = report.fidelity
+        why = ([f"probe reached {probe.fraction:.0%} of the link"]
+               if report.refused and probe is not None else [])
+        why += [check.name for check in report.checks if not check.passed and check.kind == "host"
+                and check.name != "fidelity"]
+        untrusted.append(f"k = {k:g}: {', '.join(why) or report.refused}")
         k *= 2
         if k > scenario.emulation.max_dilation:
             report.dilation_chosen = (f"auto: no k up to max_dilation "
-                                      f"{scenario.emulation.max_dilation:g} was trusted "
-                                      f"({'; '.join(refused)})")
+                                      f"{scenario.emulation.max_dilation:g} was emulated "
+                                      f"faithfully ({'; '.join(untrusted)})")
             return report
 
 
@@ -80,7 +86,8 @@ def _run_at(scenario: Scenario, dilation: float, *, out_dir: Path | None,
     """One run at one dilation; a temporary folder (no out_dir) is removed unless the run
     failed or erred, whose logs someone will read."""
     report = _run_in_folder(scenario, dilation, out_dir=out_dir, **kwargs)
-    if out_dir is None and remove_when_done(report.out_dir, report.status):
+    if out_dir is None and remove_when_done(report.out_dir,
+                                            folder_outcome(report.status, report.refused)):
         report.out_dir = None
     return report
 

@@ -196,6 +196,7 @@ class NetsimSession:
             return []
         lines = ["", "netsim-ddp scenarios (medians; comm = exposed communication)"]
         lines += [f"  {warning}" for warning in self.warnings]
+        lines += self._untrusted_lines()
         for report in self.reports:
             failed = sum(not check.passed for check in report.checks)
             lines.append(f"  {report.scenario.name}: {report.status.upper()}"
@@ -226,6 +227,18 @@ class NetsimSession:
         if self.json_path is not None:
             lines.append(f"  results written to {self.json_path}")
         return lines
+
+    def _untrusted_lines(self) -> list[str]:
+        """"2 of 9 scenarios untrusted on this host: ...": skipped is not passed, and a CI log
+        must say how much went unmeasured."""
+        runs = [(r.scenario.name, r.status, r.untrusted_checks) for r in self.reports]
+        runs += [(s.scenario.name, s.status, [f"sweep: {len(s.refusals)} reason(s)"])
+                 for s in self.sweeps]
+        untrusted = [(name, why) for name, status, why in runs if status == "untrusted"]
+        if not untrusted:
+            return []
+        return [f"  {len(untrusted)} of {len(runs)} scenarios untrusted on this host (nothing "
+                "judged): " + "; ".join(f"{name} ({', '.join(why)})" for name, why in untrusted)]
 
     @staticmethod
     def properties(report: ScenarioReport) -> list[tuple[str, object]]:

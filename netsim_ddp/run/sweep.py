@@ -137,8 +137,8 @@ class SweepReport:
 
     @property
     def status(self) -> str:
-        """"failed" when a point failed its checks or broke; else "refused" when this host
-        could not drive a point faithfully (as for a single scenario, no verdict: the model
+        """"failed" when a point failed its checks or broke; else "untrusted" when this host
+        could not emulate a point faithfully (as for a single scenario, no verdict: the model
         and its held-out check were fitted on what was left), or when the held-out check missed
         while the hypervisor stole noticeable CPU time (the points were measured minutes apart, so a
         neighbour can shift one against another); else "failed" when the held-out check missed
@@ -146,8 +146,8 @@ class SweepReport:
         statuses = {point.report.status for point in self.points}
         if statuses & {"failed", "error"}:
             return "failed"
-        if "refused" in statuses or self._held_out_disturbed:
-            return "refused"
+        if "untrusted" in statuses or self._held_out_disturbed:
+            return "untrusted"
         return "failed" if self.held_out and not self.held_out.met else "passed"
 
     @property
@@ -166,8 +166,9 @@ class SweepReport:
 
     @property
     def refusals(self) -> list[str]:
-        reasons = [f"point {point_label(point.values)}: {point.report.refused}"
-                   for point in self.points if point.report.refused]
+        reasons = [f"point {point_label(point.values)}: "
+                   + (point.report.refused or ", ".join(point.report.untrusted_checks))
+                   for point in self.points if point.report.status == "untrusted"]
         if self._held_out_disturbed:
             assert self.held_out is not None
             reasons.append(

@@ -24,7 +24,7 @@ from netsim_ddp.run.probing import ProbeAttempts, ProbeGate, ProbeRefused, probe
 from netsim_ddp.run.site import Site
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.busbw_checks import busbw_check
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import host_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult, RankSpec, WorkloadError
 from netsim_ddp.workload.contract.window import NODE_ENV
@@ -116,7 +116,7 @@ def _fidelity_judged(report: ScenarioReport, fidelity: CollectiveFidelity,
     report.fidelity = fidelity
     at = (f"at dilation x{report.dilation:g} (links at 1/{report.dilation:g} of the target's "
           "rate): " if report.dilation != 1 else "")
-    report.checks.append(Verdict("fidelity", fidelity.trusted, at + fidelity.reason))
+    report.checks.append(host_verdict("fidelity", fidelity.trusted, at + fidelity.reason))
     if report.target_busbw is not None:
         report.checks.append(busbw_check(report.target_busbw, fidelity, report.dilation))
     if not fidelity.trusted and not allow_untrusted:

@@ -12,7 +12,7 @@ from typing import Any
 
 from netsim_ddp.measure.probe import CollectiveFidelity
 from netsim_ddp.scenario.target_busbw import TOLERANCE, TargetBusbw
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import Verdict, host_verdict
 
 NAME = "fidelity:busbw"
 
@@ -28,9 +28,9 @@ def busbw_check(plan: TargetBusbw, fidelity: CollectiveFidelity | None,
                 dilation: float) -> Verdict:
     measured = measured_busbw(plan, fidelity, dilation)
     if missing := [size for size in plan.sizes if size not in measured]:
-        return Verdict(NAME, False, f"the probe did not time {len(missing)} of the job's "
-                       f"{len(plan.sizes)} bucket sizes, so nothing shows the links deliver "
-                       f"{plan.file}'s bus bandwidth")
+        return host_verdict(NAME, False, f"the probe did not time {len(missing)} of the job's "
+                            f"{len(plan.sizes)} bucket sizes, so nothing shows the links deliver "
+                            f"{plan.file}'s bus bandwidth")
     parts, worst = [], 0.0
     for size in plan.sizes:
         error = measured[size] / plan.target_at(size) - 1
@@ -42,8 +42,8 @@ def busbw_check(plan: TargetBusbw, fidelity: CollectiveFidelity | None,
                f"off by up to {worst:.1%}, more than {TOLERANCE:.0%}: the emulated path does not "
                "carry the target's transport at these sizes (a host that cannot drive the "
                "delay line, or a file whose curve one rate and one latency cannot follow)")
-    return Verdict(NAME, passed, f"bus bandwidth at the job's bucket sizes against "
-                   f"{plan.file}: " + "; ".join(parts) + f": {verdict}")
+    return host_verdict(NAME, passed, f"bus bandwidth at the job's bucket sizes against "
+                        f"{plan.file}: " + "; ".join(parts) + f": {verdict}")
 
 
 def busbw_record(plan: TargetBusbw | None, fidelity: CollectiveFidelity | None,

@@ -22,6 +22,7 @@ from netsim_ddp.common.metrics import (
 from netsim_ddp.common.tails import tail_test
 from netsim_ddp.measure.document import CheckRecord, ModeRecord
 from netsim_ddp.measure.mode_report import ModeReport
+from netsim_ddp.measure.record import CheckKind
 from netsim_ddp.precision.modes import REFERENCE_MODE, compresses
 from netsim_ddp.scenario.expectations import (
     DEFAULT_ALPHA,
@@ -70,14 +71,24 @@ class Metric(MetricName):
 
 @dataclass(frozen=True)
 class Verdict:
+    """One check's outcome. `kind` says what a failure means: "code", the code under test
+    regressed (the run failed); "host", this host could not emulate the scenario faithfully
+    (the run is untrusted: measure.record.CheckKind)."""
+
     name: str
     passed: bool
     detail: str
     p_value: float | None = None
+    kind: CheckKind = "code"
 
     def to_record(self) -> CheckRecord:
         return CheckRecord(name=self.name, passed=self.passed, detail=self.detail,
-                           p_value=self.p_value)
+                           p_value=self.p_value, kind="host" if self.kind == "host" else None)
+
+
+def host_verdict(name: str, passed: bool, detail: str) -> Verdict:
+    """A check of this host's emulation (kind "host"): failing it makes the run untrusted."""
+    return Verdict(name, passed, detail, kind="host")
 
 
 def default_expectations(modes: Sequence[str]) -> list[Expectation]:

@@ -282,6 +282,10 @@ def judge_history(runs: list[Run], metrics: Sequence[Metric] | None = None,
     parts: dict[str, dict[tuple[str, str], list[int]]] = {}  # scenario -> (digest, host) -> runs
     for run in runs:
         for record in run.document.scenarios:
+            if record.status == "untrusted":  # its numbers measure the host, not the code
+                report.notes.append(f"{record.name}: run {run.number} ({run.source}) untrusted "
+                                    "on its host: skipped, neither judged nor a reference")
+                continue
             if not record.modes:
                 report.notes.append(f"{record.name}: run {run.number} ({run.source}) "
                                     f"{record.status}, no measurements: skipped")

@@ -18,7 +18,7 @@ from netsim_ddp.precision.modes import (
 )
 from netsim_ddp.scenario.spec import Scenario
 from netsim_ddp.verdicts.crossing import CrossingVerdict, expected_cross_node
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import Verdict, host_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 from netsim_ddp.workload import ModeResult
 
@@ -43,7 +43,7 @@ def replay_checks(report: ScenarioReport) -> list[Verdict]:
         median = statistics.median(late)
         advice = ("" if median <= bound else
                   ": the host could not keep the schedule; raise emulation.dilation")
-        checks.append(Verdict(
+        checks.append(host_verdict(
             f"fidelity:replay:{name}", median <= bound,
             f"{name}: the host released gradients a median {median * 1e3:.2f} ms (max "
             f"{max(late) * 1e3:.2f} ms) later than the replay asked, target time; allowed "
@@ -64,13 +64,13 @@ def delay_line_checks(monitors, final_stats: dict[str, dict[str, object]],
         if window is None:
             continue  # no link marks: measurement_checks reports that
         found = delay_line_health.judge_window(monitors, *window, expect_traffic=multi_node)
-        checks.append(Verdict(f"delay-line:{mode}", all(h.passed for h in found),
-                              f"in {mode}'s measured window: " + "; ".join(
+        checks.append(host_verdict(f"delay-line:{mode}", all(h.passed for h in found),
+                                   f"in {mode}'s measured window: " + "; ".join(
                                   h.detail for h in found if not h.passed or
                                   all(h.passed for h in found))))
     final = delay_line_health.judge_final(final_stats)
-    checks.append(Verdict("delay-line", all(h.passed for h in final),
-                          "over the whole run: " + "; ".join(h.detail for h in final)))
+    checks.append(host_verdict("delay-line", all(h.passed for h in final),
+                               "over the whole run: " + "; ".join(h.detail for h in final)))
     return checks
 
 
@@ -112,8 +112,8 @@ def background_checks(flows, background: BackgroundBytes,
     if not flows:
         return []
     if len(background.senders) != len(flows):
-        return [Verdict("background", False, f"{len(flows)} flows but {len(background.senders)} "
-                                             "senders reported their counters")]
+        return [host_verdict("background", False, f"{len(flows)} flows but "
+                             f"{len(background.senders)} senders reported their counters")]
     checks = []
     for mode, result in results.items():
         window = link_marks_window(result)
@@ -129,8 +129,8 @@ def background_checks(flows, background: BackgroundBytes,
                 notes.append(f"{name} was scheduled on for {on_s:.2f} s but sent nothing")
             else:
                 notes.append(f"{name} sent {sent / 1e6:.1f} MB in {on_s:.2f} s scheduled on")
-        checks.append(Verdict(f"background:{mode}", not silent,
-                              f"in {mode}'s measured window: " + "; ".join(notes)))
+        checks.append(host_verdict(f"background:{mode}", not silent,
+                                   f"in {mode}'s measured window: " + "; ".join(notes)))
     return checks
 
 
@@ -170,5 +170,5 @@ def crossing_checks(scenario: Scenario, modes: dict[str, ModeReport]) -> list[Ve
                                           topology.ranks_per_node,
                                           result.sent_bytes_per_iteration, scenario.link.mtu)
         verdict = CrossingVerdict(name, expectation, mode.wire_bytes_per_iteration)
-        checks.append(Verdict(f"crossed:{name}", verdict.passed, verdict.detail))
+        checks.append(host_verdict(f"crossed:{name}", verdict.passed, verdict.detail))
     return checks

@@ -22,6 +22,9 @@ from netsim_ddp.scenario.target_busbw import TargetBusbw
 from netsim_ddp.verdicts.busbw_checks import busbw_record
 from netsim_ddp.verdicts.gate import Verdict
 
+UNTRUSTED_ADVICE = ("try a quieter host (nothing else running), a larger emulation.dilation "
+                    "(or dilation = \"auto\"), fewer ranks per node, or more iterations")
+
 
 @dataclass
 class ScenarioReport:
@@ -66,11 +69,42 @@ class ScenarioReport:
 
     @property
     def status(self) -> str:
+        """One of the four outcomes (measure.record.Status): "error" when the run broke;
+        "failed" when a check about the code under test failed; "untrusted" when the probe
+        refused this host or a check of its emulation failed (and none of the code); else
+        "passed"."""
         if self.error:
             return "error"
-        if self.refused:
-            return "refused"
-        return "passed" if all(check.passed for check in self.checks) else "failed"
+        if any(not check.passed and check.kind == "code" for check in self.checks):
+            return "failed"
+        if self.refused or not all(check.passed for check in self.checks):
+            return "untrusted"
+        return "passed"
+
+    @property
+    def untrusted_checks(self) -> list[str]:
+        """The names of what this host failed to emulate: the probe's refusal, each failed
+        emulation check."""
+        names = ["probe refused"] if self.refused else []
+        return names + [check.name for check in self.checks if not check.passed
+                        and check.kind == "host" and not (self.refused and
+                                                          check.name == "fidelity")]
+
+    @property
+    def untrusted_reason(self) -> str | None:
+        """Why an untrusted run is untrusted: the probe's refusal or each failed emulation
+        check, what the host's CPUs did meanwhile, and what to try. None unless untrusted."""
+        if self.status != "untrusted":
+            return None
+        failed = [check for check in self.checks if not check.passed and check.kind == "host"]
+        if self.refused:  # the refusal is the probe's own words
+            failed = [check for check in failed if check.name != "fidelity"]
+        reasons = ([self.refused] if self.refused else []) + [
+            f"{check.name}: {check.detail}" for check in failed]
+        if self.host_load is not None:
+            reasons.append(self.host_load.describe())
+        return ("; ".join(reasons) + ". This host could not emulate the scenario faithfully, "
+                "so nothing was judged: " + UNTRUSTED_ADVICE)
 
     @property
     def passed(self) -> bool:
@@ -84,6 +118,7 @@ class ScenarioReport:
             "passed": self.passed,
             "status": self.status,
             "refused": self.refused,
+            "untrusted": self.untrusted_reason,
             "error": self.error,
             "run_id": self.run_id,
             "out_dir": str(self.out_dir) if self.out_dir else None,

@@ -22,7 +22,7 @@ from netsim_ddp.fabric.schedule import (
 )
 from netsim_ddp.measure.mode_report import ModeReport
 from netsim_ddp.scenario.spec import Scenario
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import Verdict, host_verdict
 
 SLOWDOWN_TOLERANCE = 0.25  # measured / predicted collective time, per link state
 MIN_ITERATIONS = 3  # in a state, for its median to mean anything
@@ -63,11 +63,11 @@ def schedule_checks(scenario: Scenario, modes: dict[str, ModeReport],
     for name, mode in modes.items():
         window = _window(scheduler, name)
         if window is None:
-            checks.append(Verdict(f"schedule:{name}", False,
-                                  f"{name}: the link schedule never saw its measured window"))
+            checks.append(host_verdict(f"schedule:{name}", False,
+                                       f"{name}: the link schedule never saw its measured window"))
             continue
         if len(window.changes) < len(steps):
-            checks.append(Verdict(
+            checks.append(host_verdict(
                 f"schedule:{name}", False,
                 f"{name}: only {len(window.changes)} of {len(steps)} link changes happened "
                 "inside the measured window; move them earlier or measure more iterations"))
@@ -95,9 +95,9 @@ def _slowdown_checks(name: str, mode: ModeReport, window: ModeWindow,
             by_state.setdefault(a, []).append(value)
     reference = by_state.get(0, [])
     if len(reference) < MIN_ITERATIONS:
-        return [Verdict(f"schedule:slowdown:{name}", False,
-                        f"{name}: {len(reference)} iterations ran before the first link change "
-                        f"(needs >= {MIN_ITERATIONS}); move the change later")]
+        return [host_verdict(f"schedule:slowdown:{name}", False,
+                             f"{name}: {len(reference)} iterations ran before the first link "
+                             f"change (needs >= {MIN_ITERATIONS}); move the change later")]
     before = statistics.median(reference)
     bound = ring_allreduce_lower_bound(r.sent_bytes_per_iteration, r.world_size,
                                        _bottleneck(links[0]))
@@ -106,7 +106,7 @@ def _slowdown_checks(name: str, mode: ModeReport, window: ModeWindow,
         if state == 0 or any(link.rate <= FLAP_RATE_BPS for link in links[state]):
             continue  # a flap: nothing moves, there is no rate to predict from
         if len(values) < MIN_ITERATIONS:
-            checks.append(Verdict(
+            checks.append(host_verdict(
                 f"schedule:slowdown:{name}:{state}", False,
                 f"{name}: only {len(values)} iterations ran wholly under "
                 f"'{state_label(state, window.changes)}' (needs >= {MIN_ITERATIONS}); measure "
@@ -118,7 +118,7 @@ def _slowdown_checks(name: str, mode: ModeReport, window: ModeWindow,
         ratio = measured / predicted
         ok = abs(ratio - 1) <= SLOWDOWN_TOLERANCE
         label = state_label(state, window.changes)
-        checks.append(Verdict(
+        checks.append(host_verdict(
             f"schedule:slowdown:{name}:{state}", ok,
             f"{name} under '{label}': median collective {measured * 1e3:.1f} ms over "
             f"{len(values)} iterations vs {before * 1e3:.1f} ms before ({measured / before:.2f}x);"
@@ -151,5 +151,5 @@ def _shaping_check(name: str, window: ModeWindow, steps, links: list[list]) -> V
             problems.append(f"{side}: its qdisc counters restarted (the qdisc was replaced)")
     detail = (f"{name}: {len(window.changes)} link changes applied in place; the busiest 50 ms "
               f"next to a change carried {worst:.2f} x the cap")
-    return Verdict(f"schedule:shaping:{name}", not problems,
-                   detail + ("; " + "; ".join(problems) if problems else ""))
+    return host_verdict(f"schedule:shaping:{name}", not problems,
+                        detail + ("; " + "; ".join(problems) if problems else ""))

@@ -4,7 +4,7 @@ the DDP hooks seen as witnesses."""
 
 from __future__ import annotations
 
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import Verdict, host_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
 
@@ -17,8 +17,8 @@ def framework_checks(report: ScenarioReport) -> list[Verdict]:
         seen = (f" (DDP's comm hooks: {', '.join(script.comm_hooks) or 'none'}; "
                 f"{mode.wire_bytes_per_iteration / 1e6:.2f} MB per step on the wire, "
                 f"{mode.result.sent_bytes_per_iteration / 1e6:.2f} MB handed to DDP's hook)")
-        checks += [Verdict(f"framework:{name}", True, f"{name}: {note}{seen}")
+        checks += [host_verdict(f"framework:{name}", True, f"{name}: {note}{seen}")
                    for note in script.framework_adjusted]
-        checks += [Verdict(f"framework:{name}", False, f"{name}: {note}{seen}")
+        checks += [host_verdict(f"framework:{name}", False, f"{name}: {note}{seen}")
                    for note in script.framework_differs]
     return checks

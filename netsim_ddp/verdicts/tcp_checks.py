@@ -12,7 +12,7 @@ from __future__ import annotations
 from netsim_ddp.measure.tcp_evidence import loss_summary, rto_dilated, tcp_counters, totals
 from netsim_ddp.scenario.tcp import rto_min_s
 from netsim_ddp.scenario.units import format_duration
-from netsim_ddp.verdicts.gate import Verdict
+from netsim_ddp.verdicts.gate import Verdict, host_verdict
 from netsim_ddp.verdicts.scenario_report import ScenarioReport
 
 
@@ -33,7 +33,7 @@ def tcp_checks(report: ScenarioReport) -> list[Verdict]:
         timeouts = totals(records).get("TCPTimeouts", 0)
         passed = dilated or timeouts == 0
         evidence = loss_summary(records) or "no retransmission"
-        checks.append(Verdict(
+        checks.append(host_verdict(
             f"fidelity:tcp:{name}", passed,
             f"{name}: {rto}; TCP in the measured window: {evidence}"
             + ("" if passed else f": {timeouts} timeouts each cost {report.dilation:g}x too "

@@ -25,13 +25,13 @@ def no_nccl_here():
 @pytest.mark.ddp  # `netsim-ddp run`, even though it refuses before building anything
 def test_cli_run_refuses_nccl_with_what_is_missing(no_nccl_here, run_cli, tmp_path):
     result = run_cli("run", ROOT / SHIPPED, "--json", tmp_path / "out.json", timeout=120)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 3, result.stderr  # this host cannot run it: untrusted
     text = " ".join((result.stdout + result.stderr).split())  # rich wraps long lines
-    assert "nccl-shared-gpu: refused" in text and "needs CUDA GPUs and NCCL" in text
+    assert "nccl-shared-gpu: UNTRUSTED" in text and "needs CUDA GPUs and NCCL" in text
     assert " ".join(no_nccl_here.split()) in text
     assert "Traceback" not in result.stderr
     (entry,) = json.loads((tmp_path / "out.json").read_text())["scenarios"]
-    assert entry["status"] == "refused" and entry["placement"]["requested"] == "nccl"
+    assert entry["status"] == "untrusted" and entry["placement"]["requested"] == "nccl"
     assert entry["placement"]["host_gpus"]["nccl_usable"] is False
 
 
@@ -43,8 +43,15 @@ def test_pytest_skips_the_nccl_scenario_with_the_reason(no_nccl_here, pytester, 
     (folder / "nccl.toml").write_text((ROOT / SHIPPED).read_text())
     result = pytester.runpytest_subprocess("scenarios", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*SKIPPED*nccl-shared-gpu: refused: workload.backend = 'nccl'"
-                                 " needs CUDA GPUs and NCCL*"])
+    result.stdout.fnmatch_lines(["*SKIPPED*nccl-shared-gpu: untrusted on this host: "
+                                 "workload.backend = 'nccl' needs CUDA GPUs and NCCL*"])
+    result.stdout.fnmatch_lines(["*1 of 1 scenarios untrusted on this host*nccl-shared-gpu*"])
+    # CI that must measure or go red: the same scenario fails, by option or environment.
+    failed = pytester.runpytest_subprocess("scenarios", "--netsim-untrusted", "fail")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines(["*nccl-shared-gpu: UNTRUSTED (--netsim-untrusted fail)*"])
+    pytester.monkeypatch.setenv("NETSIM_DDP_UNTRUSTED", "fail")
+    pytester.runpytest_subprocess("scenarios").assert_outcomes(failed=1)
     assert "Traceback" not in result.stdout.str()
 
 

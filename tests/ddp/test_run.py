@@ -321,7 +321,7 @@ def test_true_10gbe_is_refused_where_the_host_cannot_drive_it(netsim_run, lacks_
     if fidelity.trusted:
         lacks_fabric(f"this host drives 10 Gbit/s all-reduce faithfully, so it cannot show the "
                      f"refusal: {fidelity.reason}")
-    assert report.status == "refused" and not report.modes
+    assert report.status == "untrusted" and not report.modes
     assert "cannot move the workload's traffic" in report.refused
     # a refusal repeats: every attempt fell short, and the reason lists them
     assert len(fidelity.attempts_bps) == report.scenario.fidelity.attempts > 1
@@ -329,7 +329,7 @@ def test_true_10gbe_is_refused_where_the_host_cannot_drive_it(netsim_run, lacks_
     assert fidelity.host_load is not None and "host CPUs" in report.refused
 
 
-def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path, run_cli, lacks_fabric):
+def test_cli_run_refuses_with_a_reason_and_exit_3(tmp_path, run_cli, lacks_fabric):
     # The CLI's side of a refusal, at the cost of one probe (the shipped 10gbe.toml's refusal
     # is the test above's): a small model at 10 Gbit/s, in both wire dtypes, since gloo sums
     # float16 slower than float32. A host that drives it trains briefly, then the test skips,
@@ -341,11 +341,12 @@ def test_cli_run_refuses_with_a_reason_and_exit_1(tmp_path, run_cli, lacks_fabri
     result = run_cli("run", too_fast, "--json", tmp_path / "out.json")
     document = json.loads((tmp_path / "out.json").read_text())
     (entry,) = document["scenarios"]
-    if entry["status"] != "refused":
+    if entry["status"] != "untrusted":
         lacks_fabric("this host drives 10 Gbit/s all-reduces faithfully, in every wire dtype, "
                      f"so it cannot show the refusal (status {entry['status']})")
-    assert result.returncode == 1
-    assert "refused" in result.stdout + result.stderr and entry["passed"] is False
+    assert result.returncode == 3  # untrusted: not "your release regressed"
+    assert "UNTRUSTED" in result.stdout + result.stderr and entry["passed"] is False
+    assert entry["refused"] and "try a quieter host" in entry["untrusted"]
 
 
 def test_delayed_scenario_runs_end_to_end(netsim_run):

@@ -43,8 +43,8 @@ def test_a_threaded_script_is_told_the_cause_and_the_fix(unprivileged):
     result = unprivileged.run("python", "-c", script)
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
-    found = re.match(r"netsim_ddp\.fabric\.namespaces\.privilege\.PrivilegeError: not root, and this "
-                     r"process had (\d+) threads", message)
+    found = re.match(r"netsim_ddp\.fabric\.namespaces\.privilege\.PrivilegeError: not root, "
+                     r"and this process had (\d+) threads", message)
     assert found and int(found[1]) > 1, message
     assert "imported: numpy" in message and "EINVAL" in message
     assert "ensure_network_privilege(restart=True)" in message

@@ -64,7 +64,7 @@ def test_scenario_files_are_tests_with_verdicts_and_reports(pytester):
                                            "--netsim-json=results.json", "-m", "netsim",
                                            "--netsim-out=runs")
     document = json.loads((pytester.path / "results.json").read_text())
-    assert document["sweeps"][0]["status"] == "refused"
+    assert document["sweeps"][0]["status"] == "untrusted"
     result.assert_outcomes(passed=1, failed=1, skipped=1)
     # the passing file: its table and verdict, in the JSON and the JUnit properties
     result.stdout.fnmatch_lines(["*netsim-ddp scenarios*",

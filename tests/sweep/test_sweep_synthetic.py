@@ -147,7 +147,7 @@ def slowed_runner(factor, steal):
 def test_a_held_out_missed_while_the_hypervisor_stole_cpu_is_not_judged():
     config = SweepConfig(nodes=[2, 3, 4], params=["2M", "4M"])
     sweep = run_sweep(base(), config, runner=slowed_runner(1.3, steal=0.2))
-    assert sweep.status == "refused" and sweep.steal == 0.2
+    assert sweep.status == "untrusted" and sweep.steal == 0.2
     (reason,) = sweep.refusals
     assert "missed the held-out points" in reason and "took up to 20%" in reason
     assert results_document([], [sweep]).dump()["sweeps"][0]["refusals"] == [reason]
@@ -262,13 +262,13 @@ def refusing_runner(refuse_nodes, fail_nodes=()):
     return run
 
 
-def test_refused_points_make_a_refused_sweep_not_a_failed_one():
+def test_untrusted_points_make_an_untrusted_sweep_not_a_failed_one():
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4]), runner=refusing_runner({2}))
-    assert sweep.status == "refused" and not sweep.passed
+    assert sweep.status == "untrusted" and not sweep.passed
     assert sweep.refusals == ["point 2 nodes: slow host at 2 nodes"]
-    assert "point 2 nodes: refused (slow host at 2 nodes), left out of the model" in sweep.notes
+    assert "point 2 nodes: untrusted (slow host at 2 nodes), left out of the model" in sweep.notes
     assert sweep.fit is not None  # the other points are still fitted
-    assert results_document([], [sweep]).dump()["sweeps"][0]["status"] == "refused"
+    assert results_document([], [sweep]).dump()["sweeps"][0]["status"] == "untrusted"
 
 
 def test_a_refused_point_leaves_the_hold_out_unjudged():
@@ -284,7 +284,7 @@ def test_a_refused_point_leaves_the_hold_out_unjudged():
 
     sweep = run_sweep(base(), SweepConfig(nodes=[1, 2, 3, 4], params=["2M", "4M"]),
                       runner=runner)
-    assert not sweep.held_out.met and sweep.status == "refused"
+    assert not sweep.held_out.met and sweep.status == "untrusted"
 
 
 def test_a_failed_point_outweighs_a_refused_one():

@@ -136,6 +136,20 @@ def test_the_first_slower_run_is_flagged_against_the_level_before_it(tmp_path):
     assert fp32.reference == [0, 1, 2]
 
 
+def test_an_untrusted_run_is_neither_judged_nor_a_reference(tmp_path):
+    """A run whose host could not emulate the scenario measured the host: its slow numbers
+    must not fail the gate, nor its fast ones move the reference."""
+    paths = write_history(tmp_path, [0.7, 0.7, 0.7])
+    paths.append(save(make_document(0.9, 4, status="untrusted"), tmp_path / "r04.json"))
+    runs, _ = load_runs(paths)
+    chosen, tolerances = parse_metrics(["iteration_s.median"], [])
+    report = judge_history(runs, chosen, tolerances)
+    assert report.passed
+    assert any("run 4" in note and "untrusted" in note for note in report.notes)
+    fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
+    assert len(fp32.values) == 3  # the untrusted run is not in the series
+
+
 def test_a_regressed_run_before_the_newest_is_no_reference(tmp_path):
     report = judged(tmp_path, [0.70, 0.71, 0.69, 0.77, 0.77])  # runs 4, 5: one new level
     fp32 = next(h for h in report.metrics if h.key.mode == "fp32")
