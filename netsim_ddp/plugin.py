@@ -236,7 +236,8 @@ class ScenarioItem(pytest.Item):
         if self.config.getoption("netsim_untrusted") == "fail":
             raise ScenarioFailure(f"{self.scenario.name}: UNTRUSTED (--netsim-untrusted fail): "
                                   f"{reason}")
-        pytest.skip(f"{self.scenario.name}: untrusted on this host: {reason}")
+        # raise, not pytest.skip(): NoReturn for mypy also where pytest's types are absent
+        raise pytest.skip.Exception(f"{self.scenario.name}: untrusted on this host: {reason}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
                      style=None) -> str | TerminalRepr:
