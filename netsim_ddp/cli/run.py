@@ -318,7 +318,7 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
     follower's word that the job finished. `temporary`: the agent's folder when no --out named
     one, removed unless the run failed or erred."""
     from netsim_ddp.fabric import FabricError
-    from netsim_ddp.run.folders import folder_outcome, remove_when_done
+    from netsim_ddp.run.folders import remove_when_done
     from netsim_ddp.run.hosts.host_options import HostConfigError, HostError
     from netsim_ddp.verdicts.scenario_report import ScenarioReport
     from netsim_ddp.workload import WorkloadError
@@ -349,7 +349,7 @@ def _run_agent(run: Callable[[], Any], scenario, session, json_out: str | None, 
         if session.baseline is not None:
             outcome.checks.extend(session.gate(outcome))
         _print_report(human, outcome)
-    if remove_when_done(temporary, folder_outcome(outcome.status, outcome.refused)):
+    if remove_when_done(temporary, outcome.status):
         outcome.out_dir = None
     session.reports.append(outcome)
     session.finish()

@@ -291,7 +291,7 @@ class EmulationRecord(Record):
 class ScenarioRecord(_Judged):
     """One scenario's run: its status, every mode's numbers, every check."""
 
-    _omit_none = frozenset({"scenario_digest", "emulation", "untrusted"})
+    _omit_none = frozenset({"scenario_digest", "emulation", "untrusted", "retried"})
 
     name: str
     file: str | None = None
@@ -299,6 +299,7 @@ class ScenarioRecord(_Judged):
     status: Status
     refused: str | None = None
     untrusted: str | None = None  # why this host could not be trusted, and what to try
+    retried: str | None = None  # what was measured again before this outcome, and why
     error: str | None = None
     run_id: str = ""
     out_dir: str | None = None

@@ -54,6 +54,8 @@ def mode_table(report: ScenarioReport) -> Table:
     if report.notice:  # a scale model says so, in one line, in every table
         table.title = f"{title}\n{report.notice}" + (
             f" [{report.dilation_chosen}]" if report.dilation_chosen else "")
+    if report.retried:  # what was tried again is part of the result
+        table.title = f"{table.title}\n{report.retried}"
     if report.target_busbw is not None:  # the links carry the target's transport, not gloo's
         table.title = f"{table.title}\n{report.target_busbw.summary}"
     loss = {name: loss_cell(tcp_counters(mode.result)) for name, mode in report.modes.items()}

@@ -10,11 +10,11 @@ from pathlib import Path
 
 def remove_when_done(temporary: Path | None, status: str) -> bool:
     """Remove a run's temporary folder (none given: nothing) once nobody will read it: the run
-    passed, or was "refused" before anything trained (see folder_outcome), or the folder is
-    empty. A failed, erred or untrusted run keeps its logs. True if removed."""
+    passed or was untrusted (its JSON says what the host did), or the folder is empty. A failed
+    or erred run keeps its logs. True if removed."""
     if temporary is None or not temporary.is_dir():
         return False
-    if status not in ("passed", "refused") and any(temporary.iterdir()):
+    if status in ("failed", "error") and any(temporary.iterdir()):
         return False
     shutil.rmtree(temporary, ignore_errors=True)
     return True
@@ -33,9 +33,3 @@ def run_folder(base: Path | None, run_id: str) -> Path:
     latest.symlink_to(out.name)
     latest.replace(base / "latest")  # atomic: parallel runs never see it half-made
     return out
-
-
-def folder_outcome(status: str, refused: str | None) -> str:
-    """What remove_when_done needs to know of a run: its status, or "refused" when the probe or
-    the placement refused it before anything trained (no logs worth keeping)."""
-    return "refused" if refused else status

@@ -50,6 +50,7 @@ class ScenarioReport:
     host_scenario: Scenario | None = None
     dilation: float = 1.0
     dilation_chosen: str | None = None
+    retried: str | None = None  # what was tried again before this run's outcome, and why
     machines: int = 1  # `netsim-ddp machine`: the machines the fabric was spread over
     target_busbw: TargetBusbw | None = None  # [link] busbw_from: the links' plan for it
     uplinks: dict[str, dict[str, int | None]] = field(default_factory=dict)  # racks, whole run
@@ -119,6 +120,7 @@ class ScenarioReport:
             "status": self.status,
             "refused": self.refused,
             "untrusted": self.untrusted_reason,
+            "retried": self.retried,
             "error": self.error,
             "run_id": self.run_id,
             "out_dir": str(self.out_dir) if self.out_dir else None,

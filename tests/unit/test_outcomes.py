@@ -60,3 +60,29 @@ def test_results_saved_before_the_four_outcomes_read_refused_as_untrusted():
            "sweeps": []}
     (entry,) = parse_document(old).scenarios
     assert entry.status == "untrusted" and entry.refused == "slow"
+
+
+@pytest.mark.parametrize(("first", "tries", "retried"), [
+    (ScenarioReport(SCENARIO, checks=[CLAIM_OK, LATE_FRAMES]), 2, True),  # measured again
+    (ScenarioReport(SCENARIO, refused="the probe reached 52%"), 1, False),  # the links: no
+    (ScenarioReport(SCENARIO, checks=[CLAIM_FAILED, LATE_FRAMES]), 1, False),  # a verdict
+    (ScenarioReport(SCENARIO, checks=[CLAIM_OK]), 1, False),
+])
+def test_an_untrusted_run_is_measured_once_more_and_says_so(monkeypatch, first, tries, retried):
+    from netsim_ddp.run import runner
+
+    calls = []
+
+    def run_at(scenario, k, **options):
+        calls.append(k)
+        return first if len(calls) == 1 else ScenarioReport(SCENARIO, checks=[CLAIM_OK])
+
+    monkeypatch.setattr(runner, "_run_at", run_at)
+    report = runner.run_scenario(SCENARIO)
+    assert len(calls) == tries
+    assert (report.retried is not None) is retried
+    if retried:
+        assert report.status == "passed"
+        assert report.retried == ("measured again: the first run was untrusted "
+                                  "(delay-line:fp32)")
+        assert json.loads(results_document([report]).to_json())["scenarios"][0]["retried"]
