@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,6 +248,7 @@ def test_rootless_clean_sweeps_its_users_dead_runs_and_names_roots(tmp_path):
     root_holder.kill()
     root_holder.wait(timeout=10)
     dead, live = naming.new_run_id(), naming.new_run_id()
+    made = not naming.user_lock_dir(65534).exists()  # then the user's runs here make it
     try:
         result = subprocess.run([sys.executable, "-c", ROOTLESS_CLEAN, dead, live],
                                 capture_output=True, text=True, timeout=60, cwd="/")
@@ -254,6 +256,8 @@ def test_rootless_clean_sweeps_its_users_dead_runs_and_names_roots(tmp_path):
         info = json.loads(result.stdout)
     finally:
         run_clean()
+        if made:  # a full test run leaves nothing in /tmp
+            shutil.rmtree(naming.user_lock_dir(65534), ignore_errors=True)
     assert info["dry"]["killed_processes"] >= 1 and dead in info["dry"]["removed_locks"]
     assert info["done"]["killed_processes"] >= 1 and dead in info["done"]["removed_locks"]
     assert live not in info["dry"]["removed_locks"] + info["done"]["removed_locks"]
