@@ -37,7 +37,8 @@ def test_cli_run_refuses_nccl_with_what_is_missing(no_nccl_here, run_cli, tmp_pa
 
 @pytest.mark.netns
 @pytest.mark.ddp  # a pytest session running the shipped scenario file
-def test_pytest_skips_the_nccl_scenario_with_the_reason(no_nccl_here, pytester, needs_fabric):
+def test_pytest_skips_the_nccl_scenario_with_the_reason(no_nccl_here, pytester, needs_fabric,
+                                                        monkeypatch):
     folder = pytester.path / "scenarios"
     folder.mkdir()
     (folder / "nccl.toml").write_text((ROOT / SHIPPED).read_text())
@@ -50,7 +51,7 @@ def test_pytest_skips_the_nccl_scenario_with_the_reason(no_nccl_here, pytester, 
     failed = pytester.runpytest_subprocess("scenarios", "--netsim-untrusted", "fail")
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines(["*nccl-shared-gpu: UNTRUSTED (--netsim-untrusted fail)*"])
-    pytester.monkeypatch.setenv("NETSIM_DDP_UNTRUSTED", "fail")
+    monkeypatch.setenv("NETSIM_DDP_UNTRUSTED", "fail")
     pytester.runpytest_subprocess("scenarios").assert_outcomes(failed=1)
     assert "Traceback" not in result.stdout.str()
 

@@ -51,9 +51,9 @@ def test_scenario_files_are_tests_with_verdicts_and_reports(pytester):
     """
     write(pytester, "false-claim", scenario_toml("false-claim", modes=("fp32", "amp"),
                                                  expect=claim, probe=False))
-    # The 2-node point is refused: gloo tops out near 5 Gbit/s here, and 30 Gbit/s (near the
-    # largest rate tbf takes) is beyond any host's; the 1-node point has no network to probe
-    # and runs.
+    # The 2-node point is untrusted (its probe refused): gloo tops out near 5 Gbit/s here,
+    # and 30 Gbit/s (near the largest rate tbf takes) is beyond any host's; the 1-node point
+    # has no network to probe and runs.
     write(pytester, "too-fast", scenario_toml("too-fast", rate="30gbit", modes=("fp32",),
                                               attempts=1) + textwrap.dedent("""
         [sweep]
@@ -81,8 +81,8 @@ def test_scenario_files_are_tests_with_verdicts_and_reports(pytester):
     assert scenarios["false-claim"]["passed"] is False
     result.stdout.fnmatch_lines(["*FAILED expect:comm_s.median:amp/fp32*needs <= 0.8 x*"])
     # the sweep the host cannot drive is skipped, with the reason
-    result.stdout.fnmatch_lines(["*too-fast: sweep REFUSED, 2 points*",
-                                 "*too-fast: refused: point 2 nodes: an all-reduce*"])
+    result.stdout.fnmatch_lines(["*too-fast: sweep UNTRUSTED, 2 points*",
+                                 "*too-fast: untrusted on this host: point 2 nodes: an all-*"])
 
 
 def test_a_baseline_taken_at_twice_the_bandwidth_fails_the_gate(pytester):
