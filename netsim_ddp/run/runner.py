@@ -79,11 +79,10 @@ def run_scenario(scenario: Scenario, *, out_dir: Path | None = None,
         # The links (the probe) and the host's keeping time (replay, delay line, TCP clocks)
         # both gain from a larger k: each is a reason to try the next one.
         probe = report.fidelity
-        why = ([f"probe reached {probe.fraction:.0%} of the link"]
-               if report.refused and probe is not None else [])
-        why += [check.name for check in report.checks if not check.passed and check.kind == "host"
-                and check.name != "fidelity"]
-        untrusted.append(f"k = {k:g}: {', '.join(why) or report.refused}")
+        why = [f"probe reached {probe.fraction:.0%} of the link"
+               if name == "probe refused" and probe is not None else name
+               for name in report.untrusted_checks]
+        untrusted.append(f"k = {k:g}: {', '.join(why)}")
         k *= 2
         if k > scenario.emulation.max_dilation:
             report.dilation_chosen = (f"auto: no k up to max_dilation "

@@ -82,14 +82,18 @@ class ScenarioReport:
             return "untrusted"
         return "passed"
 
+    def _host_misses(self) -> list[Verdict]:
+        """The failed checks of this host's emulation (the probe's own when it refused: the
+        refusal says it)."""
+        return [check for check in self.checks if not check.passed and check.kind == "host"
+                and not (self.refused and check.name == "fidelity")]
+
     @property
     def untrusted_checks(self) -> list[str]:
         """The names of what this host failed to emulate: the probe's refusal, each failed
         emulation check."""
-        names = ["probe refused"] if self.refused else []
-        return names + [check.name for check in self.checks if not check.passed
-                        and check.kind == "host" and not (self.refused and
-                                                          check.name == "fidelity")]
+        return (["probe refused"] if self.refused else []) + [
+            check.name for check in self._host_misses()]
 
     @property
     def untrusted_reason(self) -> str | None:
@@ -97,11 +101,8 @@ class ScenarioReport:
         check, what the host's CPUs did meanwhile, and what to try. None unless untrusted."""
         if self.status != "untrusted":
             return None
-        failed = [check for check in self.checks if not check.passed and check.kind == "host"]
-        if self.refused:  # the refusal is the probe's own words
-            failed = [check for check in failed if check.name != "fidelity"]
         reasons = ([self.refused] if self.refused else []) + [
-            f"{check.name}: {check.detail}" for check in failed]
+            f"{check.name}: {check.detail}" for check in self._host_misses()]
         if self.host_load is not None:
             reasons.append(self.host_load.describe())
         return ("; ".join(reasons) + ". This host could not emulate the scenario faithfully, "
