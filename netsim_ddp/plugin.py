@@ -149,6 +149,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from netsim_ddp.run.session import NetsimSession, SessionOptionError
 
     config.stash[_RUNS] = {}
+    if config.getoption("netsim_untrusted") not in UNTRUSTED_CHOICES:  # the variable's value
+        raise pytest.UsageError(f"{UNTRUSTED_ENV}={config.getoption('netsim_untrusted')!r}: "
+                                f"use one of {', '.join(UNTRUSTED_CHOICES)}")
     try:
         config.stash[_SESSION] = NetsimSession.from_config(config)
     except SessionOptionError as exc:

@@ -86,3 +86,10 @@ def test_an_untrusted_run_is_measured_once_more_and_says_so(monkeypatch, first, 
         assert report.retried == ("measured again: the first run was untrusted "
                                   "(delay-line:fp32)")
         assert json.loads(results_document([report]).to_json())["scenarios"][0]["retried"]
+
+
+def test_a_bad_untrusted_setting_is_bad_input_naming_the_variable(pytester, monkeypatch):
+    monkeypatch.setenv("NETSIM_DDP_UNTRUSTED", "warn")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*NETSIM_DDP_UNTRUSTED='warn': use one of skip, fail*"])
