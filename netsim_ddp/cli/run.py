@@ -15,7 +15,6 @@ from rich.markup import escape
 from netsim_ddp.cli.app import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
-    EXIT_OK,
     FiniteFloat,
     NetworkCommand,
     err,
@@ -135,7 +134,7 @@ def launch(file: str, json_out: str | None, iterations: int | None, out_dir: str
                   soft_wrap=True)
     session.finish()
     write_json(json_out, session.document().dump())
-    sys.exit(EXIT_OK if all(r.passed for r in session.reports) else EXIT_FAILED)
+    sys.exit(exit_code(r.status for r in session.reports))
 
 
 def _run_one(session, scenario: Scenario, human: Console, profile: bool,
